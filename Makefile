@@ -1,0 +1,71 @@
+# One entry point for learners, instructors and CI.
+#   make run    set up (if needed) and execute every notebook into build/executed/
+#   make test   set up (if needed), start the local Slurm cluster, run lint + the whole test suite
+#   make lab    set up (if needed) and open JupyterLab on the workbook
+# Everything installs into ./.venv; nothing touches the system Python.
+
+SHELL      := /bin/bash
+PYTHON     ?= python3
+VENV       ?= .venv
+PY         := $(VENV)/bin/python
+STAMP      := $(VENV)/.workbook-installed
+KERNEL     ?= pdl-workbook
+SLURM_NODES ?= 2
+PYTEST_ARGS ?=
+
+.PHONY: help setup run smoke test test-quick lint format lab labs bench slurm-up slurm-down clean
+
+help:
+	@grep -E '^#   make' Makefile | sed 's/^#   //'
+
+# The virtual environment is (re)built when pyproject.toml changes.
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m ipykernel install --user --name $(KERNEL) --display-name "PDL workbook ($(VENV))" >/dev/null
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+run: setup
+	$(PY) -m helpers.book run
+
+smoke: setup
+	$(PY) -m helpers.book run --smoke --solutions
+
+lab: setup
+	$(VENV)/bin/jupyter lab --notebook-dir=.
+
+# Regenerate the student labs/ from the instructor solutions/.
+labs: setup
+	$(PY) -m helpers.labs release
+
+lint: setup
+	$(VENV)/bin/ruff check helpers tests
+	$(VENV)/bin/ruff format --check helpers tests
+
+format: setup
+	$(VENV)/bin/ruff check --fix helpers tests
+	$(VENV)/bin/ruff format helpers tests
+
+bench: setup
+	$(PY) -m helpers.bench launch
+	$(PY) -m helpers.bench allreduce
+	$(PY) -m helpers.bench ddp
+
+slurm-up:
+	bash slurm/local/start.sh --nodes $(SLURM_NODES)
+
+slurm-down:
+	bash slurm/local/stop.sh
+
+test: setup lint slurm-up
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Everything except the tests that need the local Slurm cluster.
+test-quick: setup lint
+	$(PY) -m pytest -m "not slurm" $(PYTEST_ARGS)
+
+clean:
+	rm -rf build .pytest_cache .ruff_cache
