@@ -75,8 +75,14 @@ def parse(cls: type[T], argv: list[str] | None = None, prog: str | None = None) 
 
 
 def to_args(cfg: Any) -> list[str]:
-    """The command-line overrides that reproduce ``cfg`` (for job scripts)."""
+    """The command-line overrides that reproduce ``cfg`` (for job scripts).
+
+    Fields that are None are left out: "None" is not a value the parser reads
+    back, and such fields default to None.
+    """
     out: list[str] = []
     for f in dataclasses.fields(cfg):
-        out += ["--" + f.name.replace("_", "-"), str(getattr(cfg, f.name))]
+        value = getattr(cfg, f.name)
+        if value is not None:
+            out += ["--" + f.name.replace("_", "-"), str(value)]
     return out

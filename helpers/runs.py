@@ -31,12 +31,12 @@ from pathlib import Path
 
 METRICS_ENV = "WORKBOOK_METRICS"
 RUNS_ENV = "WORKBOOK_RUNS"
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 def check_name(name: str) -> str:
     """Run and job names become directory names and Slurm job names: keep them plain."""
-    if not isinstance(name, str) or not _NAME_RE.match(name) or ".." in name:
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name) or ".." in name:
         raise ValueError(
             f"invalid run name {name!r}: use 1-64 letters, digits, '_', '-' or '.', "
             "starting with a letter or digit (no spaces, quotes, '$' or '/')"

@@ -1,0 +1,368 @@
+"""A warm pool that runs a notebook-defined function on N gloo ranks in about a second.
+
+Starting N fresh interpreters that each ``import torch`` costs several seconds.
+Instead, one helper process (the *zygote*, helpers.zygote) imports
+torch once and then forks a fresh worker per rank on request. Forking is safe
+because the zygote never runs a torch operation, so no OpenMP or intra-op
+thread pool exists yet; each worker sets its own thread count after the fork.
+
+    notebook (parent)                      zygote (torch imported, single-threaded)
+      | -- request: fn by value, N, port --> |  fork x N
+      |                                      |-- worker rank 0 .. N-1
+      | <== out / err / result sockets ===== |     (each joins the gloo group)
+      | <-- exit codes --------------------- |  reaps workers, kills on request
+
+The function travels by value with cloudpickle, so functions and lambdas
+defined in a notebook cell (whose ``__main__`` has no file to import) work.
+The zygote is a separate interpreter started with ``-m``: it never imports the
+caller's ``__main__``, whether that is Jupyter, pytest, papermill or a script.
+"""
+
+from __future__ import annotations
+
+import atexit
+import linecache
+import os
+import pickle
+import selectors
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from helpers.zygote import HELLO, recv, send
+
+# --------------------------------------------------------------------------- parent side
+
+
+class Pool:
+    """The caller's handle on one zygote; started on first use, restarted if it died."""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen | None = None
+        self._lock = threading.Lock()
+        atexit.register(self.close)
+
+    # -- zygote lifetime
+    def start(self, timeout: float = 120.0) -> None:
+        """Start the zygote now (it takes a few seconds to import torch)."""
+        if self._proc is not None and self._proc.poll() is None:
+            return
+        root = str(Path(__file__).resolve().parent.parent)  # the checkout holding helpers/
+        env = dict(os.environ)
+        parts = [root, *env.get("PYTHONPATH", "").split(os.pathsep)]
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in parts if p))
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "helpers.zygote"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            start_new_session=True,  # a Ctrl-C in the notebook is handled by us, not it
+        )
+        sel = selectors.DefaultSelector()
+        sel.register(self._proc.stdout, selectors.EVENT_READ)
+        ok = sel.select(timeout)
+        sel.close()
+        msg = recv(self._proc.stdout.fileno()) if ok else None
+        if not msg or "ready" not in msg:
+            self.close()
+            raise RuntimeError(
+                "the spawn pool's helper process did not start (python -m helpers.zygote); "
+                "run it by hand to see why"
+            )
+
+    def close(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        try:
+            proc.stdin.close()  # EOF: the zygote kills its workers and exits
+            proc.wait(timeout=5)
+        except Exception:
+            proc.kill()
+            proc.wait()
+
+    # -- one job
+    def run(
+        self,
+        payload: bytes,
+        world_size: int,
+        *,
+        port: int,
+        threads: int,
+        backend: str,
+        timeout: float,
+    ) -> list:
+        with self._lock:
+            self.start()
+            try:
+                return self._run(payload, world_size, port, threads, backend, timeout)
+            except BaseException:
+                if self._proc is not None and self._proc.poll() is not None:
+                    self._proc = None  # the zygote died: start a fresh one next time
+                raise
+
+    def _run(self, payload, world_size, port, threads, backend, timeout) -> list:
+        from helpers.launch import RankFailure
+
+        proc = self._proc
+        tmp = tempfile.mkdtemp(prefix="wb-spawn-")
+        path = os.path.join(tmp, "s")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(path)
+        listener.listen(3 * world_size)
+        job = _Job(world_size)
+        sel = selectors.DefaultSelector()
+        sel.register(listener, selectors.EVENT_READ, "accept")
+        sel.register(proc.stdout, selectors.EVENT_READ, "zygote")
+        req = dict(
+            sock=path,
+            world_size=world_size,
+            port=port,
+            threads=threads,
+            backend=backend,
+            timeout=timeout,
+            payload=payload,
+            cwd=os.getcwd(),
+            env=dict(os.environ),
+            path=list(sys.path),
+            # Source of notebook cells (not files on disk), so tracebacks show the lines.
+            sources={k: v for k, v in linecache.cache.items() if len(v) == 4 and v[1] is None},
+        )
+        deadline = time.monotonic() + timeout
+        try:
+            send(proc.stdin.fileno(), {"spawn": req})
+            while not job.finished():
+                if len(job.exits) == world_size:
+                    # Everyone is gone: their connections are queued, accept them all.
+                    listener.setblocking(False)
+                    while True:
+                        try:
+                            self._on_ready(sel.get_key(listener), sel, job)
+                        except BlockingIOError:
+                            break
+                    if job.finished():
+                        break
+                if job.first_failure and not job.killed:
+                    # A rank that only saw its peer vanish is not the story: give the
+                    # rank that actually failed half a second to report first.
+                    grace = 0 if job.own_failure() else 0.5
+                    if time.monotonic() >= job.first_failure + grace:
+                        send(proc.stdin.fileno(), {"kill": True})
+                        job.killed, deadline = True, min(deadline, time.monotonic() + 5)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                for key, _ in sel.select(min(left, 0.1)):
+                    self._on_ready(key, sel, job)
+            if not job.finished():  # timed out, or workers did not die when asked
+                job.timed_out = not job.killed
+                job.killed = True
+                send(proc.stdin.fileno(), {"kill": True})
+            # Workers have exited: read what is still in flight on their output sockets.
+            end = time.monotonic() + 1.0
+            while time.monotonic() < end and any(
+                isinstance(k.data, tuple) for k in sel.get_map().values()
+            ):
+                for key, _ in sel.select(0.1):
+                    if isinstance(key.data, tuple):
+                        self._on_ready(key, sel, job)
+        except BaseException:  # KeyboardInterrupt included: never leave ranks behind
+            try:
+                send(proc.stdin.fileno(), {"kill": True})
+            except OSError:
+                pass
+            raise
+        finally:
+            job.flush_output()
+            for key in list(sel.get_map().values()):
+                if key.data not in ("zygote",):
+                    key.fileobj.close()
+            sel.close()
+            os.unlink(path)
+            os.rmdir(tmp)
+            if not job.finished():
+                self._drain_exits(job)
+        cause = job.root_cause()
+        if cause and cause[0] == "error":
+            _, rank, tb, exc, summary = cause
+            raise RankFailure(rank, summary, tb, original=_loads_or_none(exc))
+        if cause:
+            _, rank, code = cause
+            raise RankFailure(rank, f"the process exited with code {code} without a result", "")
+        if not job.complete():
+            missing = [r for r in range(world_size) if r not in job.values]
+            raise RankFailure(
+                missing[0] if len(missing) == 1 else None,  # one straggler is named
+                f"timed out after {timeout:g} s; ranks {missing} had not returned "
+                "(a collective that not every rank calls waits forever: check that all "
+                "ranks make the same collective calls in the same order)",
+                "",
+            )
+        return [pickle.loads(job.values[r]) for r in range(world_size)]
+
+    def _on_ready(self, key, sel, job) -> None:
+        if key.data == "accept":
+            conn, _ = key.fileobj.accept()
+            conn.settimeout(5)
+            hello = conn.recv(HELLO, socket.MSG_WAITALL).decode()
+            conn.setblocking(False)
+            kind, rank = hello[0], int(hello[1:])
+            sel.register(conn, selectors.EVENT_READ, (kind, rank))
+            if kind == "r":
+                job.r_connected.add(rank)
+        elif key.data == "zygote":
+            msg = recv(self._proc.stdout.fileno())
+            if msg is None:
+                raise RuntimeError("the spawn pool's helper process died")
+            if "exit" in msg:
+                job.exited(msg["exit"], msg["code"])
+        else:
+            kind, rank = key.data
+            data = key.fileobj.recv(1 << 16)
+            if data:
+                job.feed(kind, rank, data)
+            else:
+                sel.unregister(key.fileobj)
+                key.fileobj.close()
+                job.closed(kind, rank)
+
+    def _drain_exits(self, job, wait: float = 5.0) -> None:
+        """Collect the zygote's exit reports for killed workers (keeps the protocol in step)."""
+        fd = self._proc.stdout.fileno()
+        end = time.monotonic() + wait
+        sel = selectors.DefaultSelector()
+        sel.register(fd, selectors.EVENT_READ)
+        while len(job.exits) < job.n and time.monotonic() < end:
+            if sel.select(end - time.monotonic()):
+                msg = recv(fd)
+                if msg is None:
+                    break
+                if "exit" in msg:
+                    job.exited(msg["exit"], msg["code"])
+        sel.close()
+        if len(job.exits) < job.n:  # workers we cannot account for: start afresh
+            self._proc.kill()
+            self._proc.wait()
+            self._proc = None
+
+
+class _Job:
+    """Book-keeping for one spawn: output buffers, results, exit codes, the root cause."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.values: dict[int, bytes] = {}
+        self.exits: dict[int, int] = {}
+        self.res: dict[int, bytes] = {}
+        self.res_done: set[int] = set()
+        self.partial: dict[tuple[str, int], str] = {}
+        self.errors: list[tuple] = []  # (rank, traceback, pickled exception, summary)
+        self.late_errors: list[tuple] = []  # errors reported after we killed the workers
+        self.timed_out = False
+        self.crashes: list[tuple[int, int]] = []  # (rank, code): died on its own, no result
+        self.r_connected: set[int] = set()  # ranks whose result socket we accepted
+        self.killed = False
+        self.first_failure: float | None = None
+
+    def feed(self, kind: str, rank: int, data: bytes) -> None:
+        if kind == "r":
+            self.res[rank] = self.res.get(rank, b"") + data
+            return
+        text = self.partial.pop((kind, rank), "") + data.decode("utf-8", "replace")
+        *lines, rest = text.split("\n")
+        if rest:
+            self.partial[(kind, rank)] = rest
+        for line in lines:
+            _emit(kind, rank, line)
+
+    def closed(self, kind: str, rank: int) -> None:
+        if kind != "r":
+            rest = self.partial.pop((kind, rank), "")
+            if rest:
+                _emit(kind, rank, rest)
+            return
+        self.res_done.add(rank)
+        try:
+            result = pickle.loads(self.res.pop(rank, b""))
+        except Exception:
+            return  # killed while reporting: the exit code tells the story
+        if result[0] == "ok":
+            self.values[rank] = result[1]
+        elif self.killed:  # dying because we killed its peers: a consequence, not a cause
+            self.late_errors.append((rank, *result[1:]))
+        else:
+            self.errors.append((rank, *result[1:]))
+            self.first_failure = self.first_failure or time.monotonic()
+
+    def exited(self, rank: int, code: int) -> None:
+        self.exits[rank] = code
+        if code != 0 and not self.killed:
+            self.crashes.append((rank, code))
+            self.first_failure = self.first_failure or time.monotonic()
+
+    def flush_output(self) -> None:
+        for kind, rank in list(self.partial):
+            _emit(kind, rank, self.partial.pop((kind, rank)))
+
+    def own_failure(self) -> bool:
+        """A rank failed by itself (not merely noticed that a peer died)."""
+        from helpers.supervise import PEER_ERROR
+
+        errs = {e[0] for e in self.errors}
+        crashed = [r for r, _ in self.crashes if r not in errs and r not in self.values]
+        return bool(crashed) or any(not PEER_ERROR.search(e[1]) for e in self.errors)
+
+    def root_cause(self):
+        """('error', rank, tb, exc, summary) or ('crash', rank, code) or None."""
+        from helpers.supervise import PEER_ERROR
+
+        own = [e for e in self.errors if not PEER_ERROR.search(e[1])]
+        if own:
+            return ("error", *own[0])
+        errs = {e[0] for e in self.errors}
+        for rank, code in self.crashes:
+            if rank not in errs and rank not in self.values:
+                return ("crash", rank, code)
+        if self.errors:
+            return ("error", *self.errors[0])
+        if self.late_errors and not self.timed_out:
+            return ("error", *self.late_errors[0])
+        return None
+
+    def complete(self) -> bool:
+        return len(self.values) == self.n
+
+    def finished(self) -> bool:
+        """Every worker has exited and every result socket that was opened is read."""
+        waiting = [r for r in range(self.n) if r in self.r_connected and r not in self.res_done]
+        return len(self.exits) == self.n and not waiting
+
+
+def _emit(kind: str, rank: int, line: str) -> None:
+    tag = f"[rank{rank}]: "
+    if line.startswith(tag):  # torch already tags error lines with the rank
+        line = line[len(tag) :]
+    stream = sys.stdout if kind == "o" else sys.stderr
+    print(f"[rank{rank}] {line}", file=stream, flush=True)
+
+
+def _loads_or_none(data: bytes | None):
+    try:
+        return pickle.loads(data) if data else None
+    except Exception:
+        return None
+
+
+_POOL: Pool | None = None
+
+
+def get_pool() -> Pool:
+    """The process-wide pool (one zygote per notebook kernel, test session or script)."""
+    global _POOL
+    if _POOL is None:
+        _POOL = Pool()
+    return _POOL
