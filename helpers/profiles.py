@@ -1,0 +1,192 @@
+"""Cluster profiles: what differs between Slurm sites, one small TOML file each.
+
+A profile (``slurm/profiles/<name>.toml``) says how a site wants GPUs asked
+for, which ``#SBATCH`` lines every job needs, and how to set up the software::
+
+    name = "perlmutter"
+    gpu_request = "--gpus-per-node={gpus}"
+    cpus_per_gpu = 32
+    setup = ["module load pytorch"]
+
+    [[directive]]                       # one #SBATCH line, with why it is there
+    flag = "--account"
+    value = "{account}"
+    why = "the NERSC project charged"
+
+    [fields.account]                    # a value only the user knows
+    help = "NERSC project to charge, e.g. m1234_g"
+    env = "WORKBOOK_ACCOUNT"
+
+``{field}`` placeholders are filled from, in order: values passed by the caller,
+the field's environment variable, its ``default``, or an ``auto`` value taken
+from the running interpreter (``python_bin``, ``workbook``). A field with none
+of these is an error that names the profile, the field and how to supply it.
+
+Values that land in ``#SBATCH`` lines must be plain words (they are not parsed
+by a shell, so quoting cannot protect them); values in setup lines are also
+shell-quoted. Either way nothing a user types can start a command.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from helpers.runs import workbook_root
+
+import tomllib
+
+__all__ = ["Profile", "ProfileError", "load_profile", "profile_names", "profiles_dir"]
+
+# Plain words: letters, digits and the punctuation account names, module
+# versions and Slurm values use. No spaces, quotes, $, ;, |, &, backticks, newlines.
+_PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@+:,/%=-]*")
+_PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_]\w*)\}")
+_AUTO = {
+    "python_bin": lambda: str(Path(sys.executable).parent),
+    # The checkout holding this helpers package: what a job needs on PYTHONPATH.
+    "workbook": lambda: str(Path(__file__).resolve().parent.parent),
+}
+
+
+class ProfileError(ValueError):
+    """A profile is unknown, malformed, or needs a value the user has not given."""
+
+
+def profiles_dir() -> Path:
+    """``slurm/profiles`` of the checkout (override with $WORKBOOK_PROFILES)."""
+    if os.environ.get("WORKBOOK_PROFILES"):
+        return Path(os.environ["WORKBOOK_PROFILES"])
+    top = workbook_root() or workbook_root(Path(__file__).parent)
+    return (top or Path.cwd()) / "slurm" / "profiles"
+
+
+def profile_names() -> list[str]:
+    d = profiles_dir()
+    return sorted(p.stem for p in d.glob("*.toml")) if d.is_dir() else []
+
+
+@dataclass(frozen=True)
+class Directive:
+    flag: str
+    value: str
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A parsed profile file; ``resolve()`` turns it into concrete lines."""
+
+    name: str
+    description: str
+    path: Path
+    gpu_request: str
+    cpus_per_gpu: int = 1
+    max_gpus_per_node: int = 8
+    setup: tuple[str, ...] = ()
+    directives: tuple[Directive, ...] = ()
+    fields: dict = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        return self.path.read_text()
+
+    def values(self, given: dict[str, str] | None = None) -> dict[str, str]:
+        """Every field's value, or a ProfileError saying which is missing and how to set it."""
+        given = dict(given or {})
+        unknown = sorted(set(given) - set(self.fields))
+        if unknown:
+            raise ProfileError(
+                f"profile {self.name!r} has no field(s) {', '.join(unknown)}; "
+                f"its fields are: {', '.join(sorted(self.fields)) or 'none'}"
+            )
+        out: dict[str, str] = {}
+        for key, spec in self.fields.items():
+            if key in given and given[key] is not None:
+                value = str(given[key])
+            elif spec.get("env") and os.environ.get(spec["env"]):
+                value = os.environ[spec["env"]]
+            elif "default" in spec:
+                value = str(spec["default"])
+            elif spec.get("auto") in _AUTO:
+                out[key] = _AUTO[spec["auto"]]()  # a path: shell-quoted later, not word-checked
+                continue
+            else:
+                how = f"values={{'{key}': ...}} (or --set {key}=... in %%sbatch)"
+                if spec.get("env"):
+                    how += f", or export {spec['env']}=..."
+                raise ProfileError(
+                    f"profile {self.name!r} needs a value for {key!r} "
+                    f"({spec.get('help', 'no description')}): pass {how}"
+                )
+            out[key] = self._check_value(key, spec, value)
+        return out
+
+    def _check_value(self, key: str, spec: dict, value: str) -> str:
+        if value == "" and spec.get("allow_empty"):
+            return value
+        if spec.get("choices") and value not in spec["choices"]:
+            raise ProfileError(
+                f"profile {self.name!r}: {key}={value!r} is not one of {spec['choices']}"
+            )
+        if not _PLAIN.fullmatch(value):  # fullmatch: '$' would accept a trailing newline
+            raise ProfileError(
+                f"profile {self.name!r}: {key}={value!r} is not allowed; use letters, digits "
+                "and _ . @ + : , / % = - only (no spaces, quotes, $ or ;)"
+            )
+        return value
+
+    def fill(self, template: str, values: dict[str, str], quote: bool) -> str:
+        """Replace {field} placeholders ({{ and }} stand for literal braces)."""
+
+        def sub(m: re.Match) -> str:
+            if m.group(0) in ("{{", "}}"):
+                return m.group(0)[0]
+            key = m.group(1)
+            if key not in values:
+                raise ProfileError(
+                    f"profile {self.name!r} ({self.path}) uses {{{key}}} but defines no field "
+                    f"{key!r}: add a [fields.{key}] table or remove the placeholder"
+                )
+            return shlex.quote(values[key]) if quote else values[key]
+
+        return _PLACEHOLDER.sub(sub, template)
+
+
+def load_profile(name: str) -> Profile:
+    """Read ``slurm/profiles/NAME.toml``; an unknown name lists the known ones."""
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", name):
+        raise ProfileError(f"invalid profile name {name!r}")
+    path = profiles_dir() / f"{name}.toml"
+    if not path.is_file():
+        raise ProfileError(
+            f"unknown cluster profile {name!r}; known profiles: {', '.join(profile_names())}. "
+            f"To add a cluster, copy one of the files in {profiles_dir()} to {name}.toml"
+        )
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ProfileError(f"profile file {path} is not valid TOML: {e}") from e
+    for key in ("name", "gpu_request"):
+        if key not in raw:
+            raise ProfileError(f"profile file {path} lacks the required key {key!r}")
+    directives = []
+    for d in raw.get("directive", []):
+        if not str(d.get("flag", "")).startswith("-"):
+            raise ProfileError(f"{path}: every [[directive]] needs a flag like '--partition'")
+        directives.append(Directive(d["flag"], str(d.get("value", "")), d.get("why", "")))
+    return Profile(
+        name=raw["name"],
+        description=raw.get("description", ""),
+        path=path,
+        gpu_request=raw["gpu_request"],
+        cpus_per_gpu=int(raw.get("cpus_per_gpu", 1)),
+        max_gpus_per_node=int(raw.get("max_gpus_per_node", 8)),
+        setup=tuple(raw.get("setup", ())),
+        directives=tuple(directives),
+        fields=dict(raw.get("fields", {})),
+    )

@@ -1,0 +1,233 @@
+"""Job scripts render for every profile and shape, and nothing a user types runs as a command.
+
+No cluster needed: these check the text (and bash's parse of it).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers.jobscript import JobSpec, check_time, render
+from helpers.profiles import ProfileError, load_profile, profile_names
+from helpers.slurm import Job
+
+# Placeholder values for the fields only a user knows, clearly fake.
+USER_VALUES = {
+    "engaging": {"env": "MY_ENV"},
+    "perlmutter": {"account": "MY_ACCOUNT"},
+    "jean-zay": {"project": "MY_PROJECT"},
+    "local": {},
+}
+SHAPES = [(1, 1, "single"), (1, 4, "node"), (2, 4, "multinode")]
+HOSTILE = [
+    "a b",
+    "name\n",
+    "m1\n#SBATCH --x",
+    "$(touch /tmp/pwned)",
+    "x'y",
+    'x"y',
+    "a\nb",
+    "`id`",
+    "a;b",
+    "../up",
+    "",
+]
+
+
+def spec(profile: str, nodes: int, gpus: int, **kw) -> JobSpec:
+    p = load_profile(profile)
+    base = dict(
+        name="demo",
+        profile=p,
+        values=p.values(USER_VALUES[profile]),
+        nodes=nodes,
+        gpus_per_node=gpus,
+        program="/runs/demo/1/program.py",
+        run_dir="/runs/demo/1",
+    )
+    return JobSpec(**{**base, **kw})
+
+
+def test_the_four_profiles_exist():
+    assert {"engaging", "perlmutter", "jean-zay", "local"} <= set(profile_names())
+
+
+@pytest.mark.parametrize("profile", ["engaging", "perlmutter", "jean-zay", "local"])
+@pytest.mark.parametrize("nodes,gpus,shape", SHAPES)
+def test_every_shape_renders_for_every_profile(profile, nodes, gpus, shape, tmp_path):
+    text = render(spec(profile, nodes, gpus, nsys=True, nccl_debug=True))
+    assert text.startswith("#!/bin/bash\n")
+    assert f"shape '{shape}'" in text
+    assert f"#SBATCH --nodes={nodes}" in text
+    assert "export WORKBOOK_METRICS=/runs/demo/1/metrics.json" in text
+    assert "NCCL_DEBUG=INFO" in text and "nsys profile" in text
+    last = [ln for ln in text.splitlines() if "program.py" in ln][-1]
+    if shape == "single":
+        assert last.endswith("python /runs/demo/1/program.py")
+    else:
+        assert "--rdzv-backend=c10d" in last and f"--nproc-per-node={gpus}" in last
+        assert "--rdzv-id=$SLURM_JOB_ID" in last
+    if shape == "node":
+        assert "--nnodes=1" in last and "--rdzv-endpoint=localhost:$PORT" in last
+    if shape == "multinode":
+        assert last.startswith("srun ") and "--nnodes=$SLURM_NNODES" in last
+        assert "--rdzv-endpoint=$MASTER_IP:$PORT" in last
+        assert 'scontrol show hostnames "$SLURM_JOB_NODELIST"' in text
+    script = tmp_path / "job.sh"
+    script.write_text(text)
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0  # bash parses it
+
+
+def test_profile_specific_lines():
+    eng = render(spec("engaging", 1, 4))
+    assert "#SBATCH --partition=mit_normal_gpu" in eng and "--gres=gpu:h200:4" in eng
+    assert "module load miniforge/24.3.0-0" in eng and "source activate MY_ENV" in eng
+    l40s = render(spec("engaging", 1, 2, values=load_profile("engaging").values(
+        {"env": "MY_ENV", "gpu_type": ""})))  # fmt: skip
+    assert "--gres=gpu:2 " in l40s  # the default L40S: untyped gres
+    per = render(spec("perlmutter", 2, 4))
+    for line in ("--constraint=gpu", "--qos=regular", "--account=MY_ACCOUNT", "--gpus-per-node=4"):
+        assert f"#SBATCH {line}" in per
+    assert "module load pytorch" in per
+    jz = render(spec("jean-zay", 1, 4))
+    for line in ("--constraint=h100", "--account=MY_PROJECT@h100", "--hint=nomultithread",
+                 "--gres=gpu:4"):  # fmt: skip
+        assert f"#SBATCH {line}" in jz
+    assert "module load pytorch-gpu/py3/" in jz
+
+
+def test_local_profile_uses_this_interpreter():
+    text = render(spec("local", 1, 2))
+    assert f"export PATH={shlex.quote(str(Path(sys.executable).parent))}:$PATH" in text
+    assert "#SBATCH --partition=workbook" in text
+
+
+@pytest.mark.parametrize("profile,field", [("perlmutter", "account"), ("engaging", "env"),
+                                           ("jean-zay", "project")])  # fmt: skip
+def test_missing_user_value_names_profile_field_and_how(profile, field, monkeypatch):
+    for var in ("WORKBOOK_ACCOUNT", "WORKBOOK_CONDA_ENV", "WORKBOOK_IDRIS_PROJECT"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(ProfileError) as e:
+        load_profile(profile).values({})
+    msg = str(e.value)
+    assert repr(profile) in msg and repr(field) in msg and "--set" in msg and "export" in msg
+
+
+def test_user_value_from_environment(monkeypatch):
+    monkeypatch.setenv("WORKBOOK_ACCOUNT", "m9999_g")
+    assert load_profile("perlmutter").values({})["account"] == "m9999_g"
+
+
+def test_unknown_profile_lists_known_ones():
+    with pytest.raises(ProfileError, match="known profiles: .*engaging.*local.*perlmutter"):
+        load_profile("frontier")
+
+
+def test_unknown_field_and_bad_choice_are_clear():
+    with pytest.raises(ProfileError, match="has no field"):
+        load_profile("perlmutter").values({"account": "m1", "acount": "typo"})
+    with pytest.raises(ProfileError, match="not one of"):
+        load_profile("jean-zay").values({"project": "abc", "arch": "v100"})
+
+
+@pytest.mark.parametrize("bad", HOSTILE)
+def test_hostile_job_name_is_rejected(bad):
+    with pytest.raises(ValueError, match="invalid run name"):
+        render(spec("local", 1, 1, name=bad))
+
+
+@pytest.mark.parametrize("bad", [v for v in HOSTILE if v and v != "../up"])
+def test_hostile_profile_value_is_rejected(bad):
+    with pytest.raises(ProfileError, match="not allowed"):
+        load_profile("perlmutter").values({"account": bad})
+
+
+def test_hostile_arguments_and_paths_are_inert(tmp_path):
+    marker = tmp_path / "pwned"
+    args = [f"$(touch {marker})", f"; touch {marker}", "it's", "a\nb", "`touch x`"]
+    program = str(tmp_path / "my dir" / "p.py")
+    text = render(spec("local", 1, 1, program=program, args=args, run_dir=str(tmp_path / "my dir")))
+    launch = text.split("runs as rank 0 of 1).\n")[1]
+    # bash sees exactly these words: the program path and the literal arguments...
+    assert shlex.split(launch) == ["python", program, *args]
+    # ...and running the line (python replaced by printf) executes none of them.
+    out = subprocess.run(["bash", "-c", "python() { printf '<%s>' \"$@\"; }\n" + launch],
+                         capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert not marker.exists() and not (tmp_path / "x").exists()
+    assert out.stdout == "".join(f"<{a}>" for a in [program, *args])
+
+
+def test_bad_resources_are_clear():
+    with pytest.raises(ValueError, match="invalid time limit"):
+        check_time("ten minutes")
+    with pytest.raises(ValueError, match="at most 4 GPUs per node.*nodes=2"):
+        render(spec("perlmutter", 1, 8))
+    with pytest.raises(ValueError, match="nodes must be a whole number"):
+        render(spec("local", 0, 1))
+
+
+def test_write_only_mode_without_slurm(tmp_path, monkeypatch, capsys):
+    """No sbatch on PATH: submit() writes the job, says how to run it locally, and returns None."""
+    monkeypatch.setenv("PATH", "/nonexistent")
+    prog = tmp_path / "prog.py"
+    prog.write_text("print('hi')\n")
+    job = Job("wo", prog, nodes=1, gpus_per_node=2)
+    assert job.submit() is None
+    out = capsys.readouterr().out
+    assert "write-only mode: no sbatch on PATH" in out
+    assert "helpers.launch.run(" in out and "torchrun --nnodes=1 --nproc-per-node=2" in out
+    assert job.script.is_file() and (job.run_dir / "program.py").read_text() == "print('hi')\n"
+    assert job.result() is None and job.status() == "NOT_SUBMITTED"
+    # Re-running the cell reuses the written job; a changed program is a new one.
+    again = Job("wo", prog, nodes=1, gpus_per_node=2)
+    assert again.run_dir == job.run_dir and again.key == job.key
+    prog.write_text("print('changed')\n")
+    changed = Job("wo", prog, nodes=1, gpus_per_node=2)
+    assert changed.key != job.key and changed.run_dir is None
+    assert os.environ["PATH"] == "/nonexistent"
+
+
+@pytest.mark.parametrize(
+    "line,message",
+    [
+        ("", "required: name"),
+        ("x --nodes two", "invalid int value"),
+        ("x --bogus", "unrecognized arguments: --bogus"),
+        ("x --submit --write-only", "not allowed with"),
+        ("x --as 1a", "Python variable name"),
+        ("x --set account", "FIELD=VALUE"),
+        ("x$(id)", "invalid run name"),
+    ],
+)
+def test_sbatch_magic_bad_lines_are_clear(line, message, tmp_path, monkeypatch):
+    from helpers.slurm import sbatch_magic
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        sbatch_magic(line, "print(1)\n", None)
+
+
+def test_sbatch_magic_write_only_saves_the_cell_and_the_job(tmp_path, monkeypatch, capsys):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from helpers.slurm import sbatch_magic
+
+    monkeypatch.chdir(tmp_path)
+    shell = InteractiveShell.instance()
+    line = "train --nodes 2 --gpus-per-node 4 --profile perlmutter --set account=m1_g --write-only"
+    job = sbatch_magic(line + " --as pm", "print('hello')\n", shell)
+    assert shell.user_ns["pm"] is job and job.job_id is None
+    assert (tmp_path / "programs" / "train.py").read_text() == "print('hello')\n"
+    text = job.script.read_text()
+    assert "#SBATCH --account=m1_g" in text and text.rstrip().endswith(
+        shlex.quote(str(job.run_dir / "program.py"))
+    )
+    assert "write-only" in capsys.readouterr().out
