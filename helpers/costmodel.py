@@ -1,0 +1,131 @@
+"""The alpha-beta cost model of communication, and fitting it to measurements.
+
+Sending one message of ``n`` bytes between two ranks costs
+
+    T = alpha + n * beta
+
+alpha: latency per message (seconds), beta: seconds per byte (1 / bandwidth).
+
+An all-reduce of ``n`` bytes on ``N`` ranks, in the two schemes the workbook
+compares (seed 002):
+
+    ring (reduce-scatter then all-gather, chunks of n/N bytes):
+        2(N-1) steps; in each step every rank sends one chunk and receives one,
+        so every rank sends 2(N-1)/N * n bytes in total:
+        T_ring = 2(N-1) * alpha + 2(N-1)/N * n * beta
+    parameter server (workers send to rank 0, rank 0 reduces and sends back):
+        the server receives (N-1) * n bytes, then sends (N-1) * n bytes, one
+        message at a time through its one link:
+        T_ps = 2(N-1) * alpha + 2(N-1) * n * beta
+
+The ring's bandwidth term tends to 2 * n * beta however many ranks join; the
+server's grows linearly with N. Both pay 2(N-1) latencies, which is why small
+messages (where alpha dominates) scale badly with either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = [
+    "AlphaBeta",
+    "ALGORITHMS",
+    "steps",
+    "bytes_per_rank",
+    "predict",
+    "fit",
+]
+
+ALGORITHMS = ("ring", "ps")
+
+
+@dataclass(frozen=True)
+class AlphaBeta:
+    """Fitted (or assumed) link parameters."""
+
+    alpha: float  # seconds per message
+    beta: float  # seconds per byte
+
+    @property
+    def bandwidth(self) -> float:
+        """Bytes per second (1 / beta); inf if beta is 0."""
+        return float("inf") if self.beta <= 0 else 1.0 / self.beta
+
+    def __str__(self) -> str:
+        return f"alpha = {self.alpha * 1e6:.1f} us, bandwidth = {self.bandwidth / 1e9:.2f} GB/s"
+
+
+def _check(algo: str, world: int) -> None:
+    if algo not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algo!r}: use one of {ALGORITHMS}")
+    if world < 1:
+        raise ValueError(f"number of ranks must be >= 1, got {world}")
+
+
+def steps(algo: str, world: int) -> int:
+    """Messages on the critical path (the coefficient of alpha)."""
+    _check(algo, world)
+    return 2 * (world - 1)
+
+
+def bytes_per_rank(algo: str, n_bytes: float, world: int) -> float:
+    """Bytes the busiest rank sends (ring: every rank; ps: the server).
+
+    This is the coefficient of beta: the bytes that go one after the other
+    through one rank's link.
+    """
+    _check(algo, world)
+    if algo == "ring":
+        return 2 * (world - 1) / world * n_bytes
+    return 2 * (world - 1) * n_bytes  # server: receives (N-1)n, then sends (N-1)n
+
+
+def predict(algo: str, n_bytes, world, ab: AlphaBeta):
+    """Model time in seconds; ``n_bytes`` and ``world`` may be arrays (broadcast)."""
+    n = np.asarray(n_bytes, dtype=float)
+    w = np.asarray(world)
+    a = np.vectorize(lambda k: steps(algo, int(k)))(w)
+    b = np.vectorize(lambda nb, k: bytes_per_rank(algo, nb, int(k)))(n, w)
+    out = a * ab.alpha + b * ab.beta
+    return float(out) if out.ndim == 0 else out
+
+
+def fit(
+    algo: str,
+    n_bytes: Sequence[float],
+    world: Sequence[int],
+    seconds: Sequence[float],
+    relative: bool = True,
+) -> AlphaBeta:
+    """Least-squares alpha and beta from measured all-reduce times.
+
+    Each measurement gives one equation ``steps * alpha + bytes * beta = t``.
+    relative=True divides each equation by its t, so a 1 KB message (latency
+    bound, ~100 us) counts as much as a 16 MB one (bandwidth bound, ~10 ms);
+    otherwise the largest messages decide everything and alpha comes out as noise.
+    Negative estimates (possible with noisy data) are clipped to 0.
+    """
+    n = np.asarray(n_bytes, dtype=float)
+    w = np.asarray(world, dtype=int)
+    t = np.asarray(seconds, dtype=float)
+    if not (n.shape == w.shape == t.shape) or n.ndim != 1:
+        raise ValueError("n_bytes, world and seconds must be 1-D sequences of the same length")
+    if len(t) < 2:
+        raise ValueError("need at least two measurements to fit alpha and beta")
+    if np.any(t <= 0):
+        raise ValueError("measured times must be positive seconds")
+    # A: (m, 2) design matrix, columns = coefficients of alpha and beta.
+    a_col = np.array([steps(algo, int(k)) for k in w], dtype=float)
+    b_col = np.array([bytes_per_rank(algo, nb, int(k)) for nb, k in zip(n, w, strict=True)])
+    if np.linalg.matrix_rank(np.stack([a_col, b_col], axis=1)) < 2:
+        raise ValueError(
+            "alpha and beta cannot be separated: measure at least two message sizes "
+            "(and more than one rank)"
+        )
+    weight = 1.0 / t if relative else np.ones_like(t)
+    design = np.stack([a_col * weight, b_col * weight], axis=1)
+    (alpha, beta), *_ = np.linalg.lstsq(design, t * weight, rcond=None)
+    return AlphaBeta(alpha=max(float(alpha), 0.0), beta=max(float(beta), 0.0))

@@ -1,0 +1,62 @@
+"""The alpha-beta model: formula values and fitting known parameters back."""
+
+import numpy as np
+import pytest
+
+from helpers import costmodel
+from helpers.costmodel import AlphaBeta
+
+
+def test_ring_formula_values():
+    ab = AlphaBeta(alpha=1e-5, beta=1e-9)
+    # N=4, 4 MB: 6 steps, each rank sends 2*3/4 * 4 MB = 6 MB
+    n = 4 * 2**20
+    assert costmodel.steps("ring", 4) == 6
+    assert costmodel.bytes_per_rank("ring", n, 4) == pytest.approx(1.5 * n)
+    assert costmodel.predict("ring", n, 4, ab) == pytest.approx(6e-5 + 1.5 * n * 1e-9)
+    # one rank: nothing to do
+    assert costmodel.predict("ring", n, 1, ab) == 0.0
+
+
+def test_ps_traffic_grows_with_ranks_ring_does_not():
+    n = 1e6
+    ring = [costmodel.bytes_per_rank("ring", n, w) for w in (2, 4, 8, 64)]
+    ps = [costmodel.bytes_per_rank("ps", n, w) for w in (2, 4, 8, 64)]
+    assert ring == pytest.approx([n, 1.5 * n, 1.75 * n, 2 * 63 / 64 * n])
+    assert all(r < 2 * n for r in ring)  # bounded by 2n
+    assert ps == pytest.approx([2 * n, 6 * n, 14 * n, 126 * n])  # 2(N-1)n at the server
+
+
+def test_predict_broadcasts_over_arrays():
+    ab = AlphaBeta(alpha=2e-5, beta=5e-10)
+    sizes = np.array([1e3, 1e6])
+    out = costmodel.predict("ps", sizes, 3, ab)
+    assert out.shape == (2,)
+    assert out == pytest.approx(4 * 2e-5 + 4 * sizes * 5e-10)
+
+
+@pytest.mark.parametrize("algo", ["ring", "ps"])
+def test_fit_recovers_known_alpha_beta(algo):
+    true = AlphaBeta(alpha=3e-5, beta=2e-10)
+    sizes = np.array([2**k for k in range(10, 25, 2)] * 3, dtype=float)
+    worlds = np.repeat([2, 3, 4], len(sizes) // 3)
+    t = costmodel.predict(algo, sizes, worlds, true)
+    got = costmodel.fit(algo, sizes, worlds, t)
+    assert got.alpha == pytest.approx(true.alpha, rel=1e-6)
+    assert got.beta == pytest.approx(true.beta, rel=1e-6)
+    # with 5 % multiplicative noise it is still close
+    rng = np.random.default_rng(0)
+    noisy = t * rng.uniform(0.95, 1.05, size=t.shape)
+    got = costmodel.fit(algo, sizes, worlds, noisy)
+    assert got.alpha == pytest.approx(true.alpha, rel=0.15)
+    assert got.beta == pytest.approx(true.beta, rel=0.15)
+
+
+def test_fit_errors_say_what_to_change():
+    with pytest.raises(ValueError, match="two message sizes"):
+        costmodel.fit("ring", [1024, 1024], [2, 2], [1e-4, 1.1e-4])
+    with pytest.raises(ValueError, match="positive"):
+        costmodel.fit("ring", [1024, 4096], [2, 2], [0.0, 1e-4])
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        costmodel.steps("tree", 4)
+    assert "GB/s" in str(AlphaBeta(1e-5, 1e-9))
