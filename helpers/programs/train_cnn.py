@@ -1,0 +1,77 @@
+"""Train the workbook CNN on one device: the program behind notebook 01's jobs.
+
+    python -m helpers.programs.train_cnn                       # this laptop, CPU
+    python helpers/programs/train_cnn.py --epochs 10 --amp bf16
+    sbatch job.sh                                              # 1 GPU (helpers.slurm)
+
+The same file runs everywhere: helpers.dist.init() describes a single process
+(rank 0 of 1) on cuda:0 when a GPU is visible and on the CPU otherwise, and
+every tensor moves with ``.to(d.device)``. It trains with SGD, tests after
+each epoch, and writes the results with helpers.runs.write_metrics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from helpers import data, dist, models, train
+from helpers.config import parse
+from helpers.runs import write_metrics
+
+
+@dataclass
+class TrainConfig:
+    """Train the workbook CNN on one device (see the module docstring)."""
+
+    dataset: str = field(default="cifar10", metadata={"choices": data.DATASETS})
+    offline: str = field(default="auto", metadata={"choices": ("auto", "true", "false")})
+    data_root: str = ""  # empty: $WORKBOOK_DATA, else data/ in the checkout
+    n_train: int = 20_000  # offline stand-in sizes (the real datasets are complete)
+    n_test: int = 2_000
+    epochs: int = 8
+    batch_size: int = 32
+    lr: float = 0.01
+    momentum: float = 0.9
+    amp: str = field(default="none", metadata={"choices": ("none", "bf16", "fp16")})
+    workers: int = 0  # DataLoader worker processes (try 2-8 on a GPU node)
+    seed: int = 0
+
+
+def run(cfg: TrainConfig, d: dist.Dist) -> dict:
+    """Train and test; returns the metrics rank 0 writes."""
+    dist.seed_all(cfg.seed)
+    offline = {"auto": "auto", "true": True, "false": False}[cfg.offline]
+    train_ds, test_ds, info = data.load(
+        cfg.dataset, cfg.data_root or None, offline, n_train=cfg.n_train, n_test=cfg.n_test
+    )
+    train_loader = data.make_loader(
+        train_ds, cfg.batch_size, shuffle=True, seed=cfg.seed, num_workers=cfg.workers
+    )
+    test_loader = data.make_loader(test_ds, 500, shuffle=False, num_workers=cfg.workers)
+    model = models.create(cfg.dataset, num_classes=info.num_classes).to(d.device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+    print(f"{d}: {models.count_parameters(model):,} parameters, amp={cfg.amp}", flush=True)
+    history = train.fit(model, train_loader, test_loader, optimizer, d.device, cfg.epochs, cfg.amp)
+    return {
+        "config": asdict(cfg),
+        "data": info.description,
+        "device": str(d.device),
+        "test_accuracy": history[-1]["test_accuracy"],
+        "samples_per_s": max(h["samples_per_s"] for h in history),
+        "history": [{k: v for k, v in h.items() if k != "step_losses"} for h in history],
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = parse(TrainConfig, argv)
+    d = dist.init()
+    try:
+        write_metrics(run(cfg, d))
+    finally:
+        dist.cleanup()
+
+
+if __name__ == "__main__":
+    main()
