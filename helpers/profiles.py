@@ -33,12 +33,11 @@ import os
 import re
 import shlex
 import sys
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from helpers.runs import workbook_root
-
-import tomllib
 
 __all__ = ["Profile", "ProfileError", "load_profile", "profile_names", "profiles_dir"]
 

@@ -42,8 +42,15 @@ def new_figure(title: str, measured_on: str | None = None, ncols: int = 1, width
     fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, 3.8), squeeze=False)
     fig.suptitle(title)
     if measured_on:
-        fig.text(0.99, 0.01, f"measured on {measured_on}", ha="right", va="bottom", fontsize=8,
-                 color="0.4")
+        fig.text(
+            0.99,
+            0.01,
+            f"measured on {measured_on}",
+            ha="right",
+            va="bottom",
+            fontsize=8,
+            color="0.4",
+        )
     return fig, list(axes[0])
 
 
@@ -67,8 +74,12 @@ def _annotated_heatmap(ax, data, labels=None, cmap="Blues", vmax=None):
 def plot_collective(name: str, before: list, after: list, note: str = ""):
     """Each rank's tensor before and after one collective (rows = ranks)."""
     widths = [len(before[0]), len(after[0])]
-    fig, axes = plt.subplots(1, 2, figsize=(min(12, 2 + 0.45 * sum(widths)), 0.5 + 0.45 * len(before)),
-                             gridspec_kw={"width_ratios": widths})
+    fig, axes = plt.subplots(
+        1,
+        2,
+        figsize=(min(12, 2 + 0.45 * sum(widths)), 0.5 + 0.45 * len(before)),
+        gridspec_kw={"width_ratios": widths},
+    )
     fig.suptitle(f"{name}" + (f": {note}" if note else ""), fontsize=10)
     _annotated_heatmap(axes[0], before)
     _annotated_heatmap(axes[1], after, cmap="Oranges")
@@ -100,8 +111,9 @@ def plot_ring_steps(traces: list):
         _annotated_heatmap(ax, count, labels=who, cmap="Greens", vmax=1.3 * n)
         ax.set_xticks(range(vals.shape[1]), [f"c{j}" for j in range(vals.shape[1])], fontsize=7)
         rec = traces[0][k]
-        ax.set_title("start" if rec["phase"] == "start" else f"{rec['phase']} {rec['step']}",
-                     fontsize=8)
+        ax.set_title(
+            "start" if rec["phase"] == "start" else f"{rec['phase']} {rec['step']}", fontsize=8
+        )
         for r in range(n):
             got = traces[r][k]["received"]
             if got is not None:
@@ -109,8 +121,9 @@ def plot_ring_steps(traces: list):
         if col:
             ax.set_yticks([])
     axes[1][n - 1].axis("off")
-    axes[1][n - 1].text(0, 0.5, "cell = ranks summed\ninto that chunk\nred = just received",
-                        fontsize=9, va="center")
+    axes[1][n - 1].text(
+        0, 0.5, "cell = ranks summed\ninto that chunk\nred = just received", fontsize=9, va="center"
+    )
     fig.suptitle(f"ring all-reduce on {n} ranks: reduce-scatter (top), all-gather (bottom)")
     fig.tight_layout()
     return fig
@@ -126,28 +139,39 @@ def plot_alpha_beta(rows: list, fits: dict, measured_on: str):
 
     from helpers import costmodel
 
-    fig, (ax1, ax2) = new_figure("all-reduce time: measured (dots) vs alpha-beta model (dashed)",
-                                 measured_on, ncols=2)
+    fig, (ax1, ax2) = new_figure(
+        "all-reduce time: measured (dots) vs alpha-beta model (dashed)", measured_on, ncols=2
+    )
     worlds = sorted({r["world"] for r in rows})
     sizes = sorted({r["bytes"] for r in rows})
     for i, w in enumerate(worlds):
-        pts = sorted((r["bytes"], r["seconds"]) for r in rows if r["algo"] == "ring" and r["world"] == w)
+        pts = sorted(
+            (r["bytes"], r["seconds"]) for r in rows if r["algo"] == "ring" and r["world"] == w
+        )
         xs, ys = zip(*pts, strict=True)
         ax1.loglog(xs, np.array(ys) * 1e3, "o", color=f"C{i}", label=f"ring, {w} ranks")
         if "ring" in fits:
             grid = np.geomspace(min(xs), max(xs), 50)
-            ax1.loglog(grid, costmodel.predict("ring", grid, w, fits["ring"]) * 1e3, "--", color=f"C{i}")
+            ax1.loglog(
+                grid, costmodel.predict("ring", grid, w, fits["ring"]) * 1e3, "--", color=f"C{i}"
+            )
     ax1.set_xlabel("message size (bytes)")
     ax1.set_ylabel("time (ms)")
     ax1.legend(fontsize=8)
     big = sizes[-1]
     for j, algo in enumerate(sorted({r["algo"] for r in rows})):
-        pts = sorted((r["world"], r["seconds"]) for r in rows if r["algo"] == algo and r["bytes"] == big)
+        pts = sorted(
+            (r["world"], r["seconds"]) for r in rows if r["algo"] == algo and r["bytes"] == big
+        )
         xs, ys = zip(*pts, strict=True)
         ax2.plot(xs, np.array(ys) * 1e3, "o-", color=f"C{j + 3}", label=f"{algo} measured")
         if algo in fits:
-            ax2.plot(xs, costmodel.predict(algo, big, np.array(xs), fits[algo]) * 1e3, "--",
-                     color=f"C{j + 3}")
+            ax2.plot(
+                xs,
+                costmodel.predict(algo, big, np.array(xs), fits[algo]) * 1e3,
+                "--",
+                color=f"C{j + 3}",
+            )
     ax2.set_xticks(worlds)
     ax2.set_xlabel("ranks")
     ax2.set_ylabel("time (ms)")
@@ -163,8 +187,9 @@ def plot_ps_vs_ring(n_bytes: float, rows: list, measured_on: str):
 
     from helpers import costmodel
 
-    fig, (ax1, ax2) = new_figure(f"parameter server vs ring, {n_bytes / 2**20:g} MB", measured_on,
-                                 ncols=2)
+    fig, (ax1, ax2) = new_figure(
+        f"parameter server vs ring, {n_bytes / 2**20:g} MB", measured_on, ncols=2
+    )
     rows = [r for r in rows if r["bytes"] == n_bytes]
     if not rows:
         raise ValueError(f"no measurement at {n_bytes} bytes: pass one of the measured sizes")
@@ -178,8 +203,10 @@ def plot_ps_vs_ring(n_bytes: float, rows: list, measured_on: str):
     worlds = sorted({r["world"] for r in rows})
     algos = [a for a in ("ring", "ps", "builtin") if any(r["algo"] == a for r in rows)]
     for j, algo in enumerate(algos):
-        t = [next(r["seconds"] for r in rows if r["algo"] == algo and r["world"] == w) * 1e3
-             for w in worlds]
+        t = [
+            next(r["seconds"] for r in rows if r["algo"] == algo and r["world"] == w) * 1e3
+            for w in worlds
+        ]
         ax2.bar(np.arange(len(worlds)) + (j - 1) * 0.27, t, width=0.27, label=algo)
     ax2.set_xticks(range(len(worlds)), [f"{w} ranks" for w in worlds])
     ax2.set_ylabel("measured time (ms)")
