@@ -115,8 +115,7 @@ def _worker(rank: int, req: dict, ctrl: tuple[int, int]) -> None:
         fn, args = cloudpickle.loads(req["payload"])
         d = dist.init(backend=req["backend"], timeout_s=req["timeout"])
         value = fn(d, *args)
-        # Nobody leaves before everyone is done: rank 0 hosts the rendezvous store.
-        dist.barrier()
+        # cleanup() waits for every rank first: rank 0 hosts the rendezvous store.
         dist.cleanup()
         result, status = ("ok", cloudpickle.dumps(value)), 0
     except BaseException as e:  # noqa: BLE001 - every failure is reported to the parent
