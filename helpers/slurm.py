@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shlex
 import subprocess
 import time
@@ -38,6 +39,9 @@ from helpers.runs import new_run_dir, read_metrics, runs_root
 from helpers.slurmcli import TERMINAL, Progress, base_state, job_state, mmss, run, slurm_available
 
 __all__ = ["Job", "slurm_available", "job_state", "sbatch_magic", "TERMINAL", "ProfileError"]
+
+
+_RANK_TAG = re.compile(r"(?=\[(?:rank ?\d+|default\d+)\]:? )")  # zero-width: keeps the tag
 
 
 @dataclass
@@ -249,6 +253,9 @@ class Job:
             return ""
         lines = p.read_text(errors="replace").splitlines()
         if rank is not None:
+            # Ranks share one output file. A print is two writes (text, then "\n"), so
+            # two ranks' lines can land on one line: split again before each rank tag.
+            lines = [part for ln in lines for part in _RANK_TAG.split(ln) if part]
             tags = (f"[rank{rank}]", f"[rank {rank}]", f"[default{rank}]:", f"{rank}: ")
             lines = [ln for ln in lines if ln.lstrip().startswith(tags)]
         return "\n".join(lines[-tail:])

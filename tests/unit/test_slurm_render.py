@@ -195,6 +195,22 @@ def test_write_only_mode_without_slurm(tmp_path, monkeypatch, capsys):
     assert os.environ["PATH"] == "/nonexistent"
 
 
+def test_logs_per_rank_when_two_ranks_share_a_line(tmp_path, monkeypatch):
+    """Ranks print into one slurm-<id>.out; a print is two writes, so lines can merge."""
+    monkeypatch.setenv("PATH", "/nonexistent")
+    prog = tmp_path / "prog.py"
+    prog.write_text("print('hi')\n")
+    job = Job("lg", prog, nodes=1, gpus_per_node=2)
+    job.submit()  # write-only: gives the job its run directory
+    job.job_id = "42"
+    job.log_path.write_text(
+        "job 42 on 1 node(s)\n[rank0] sum=3.0 on node1[rank1] sum=3.0 on node1\n\n[rank1] bye\n"
+    )
+    assert job.logs(rank=0) == "[rank0] sum=3.0 on node1"
+    assert job.logs(rank=1) == "[rank1] sum=3.0 on node1\n[rank1] bye"
+    assert job.logs(tail=1) == "[rank1] bye"
+
+
 @pytest.mark.parametrize(
     "line,message",
     [
