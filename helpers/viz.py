@@ -9,19 +9,9 @@ says what it was measured on.
 
 from __future__ import annotations
 
-import matplotlib
-
-if matplotlib.get_backend().lower() not in ("module://matplotlib_inline.backend_inline",):
-    # Headless default for scripts and tests; notebooks keep their inline backend.
-    try:
-        import IPython
-
-        if IPython.get_ipython() is None:
-            matplotlib.use("Agg")
-    except ImportError:
-        matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt  # noqa: E402
+# No backend is forced: notebooks use the inline backend, headless scripts and
+# CI get Agg from matplotlib's own fallback (tests also set MPLBACKEND=Agg).
+import matplotlib.pyplot as plt
 
 
 def machine_label() -> str:
