@@ -22,24 +22,24 @@ help:
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,deepspeed]'
 	$(PY) -m ipykernel install --user --name $(KERNEL) --display-name "PDL workbook ($(VENV))" >/dev/null
 	@touch $(STAMP)
 
 setup: $(STAMP)
 
 run: setup
-	$(PY) -m helpers.book run
+	$(PY) -m helpers.course.book run
 
 smoke: setup
-	$(PY) -m helpers.book run --smoke --solutions
+	$(PY) -m helpers.course.book run --smoke --solutions
 
 lab: setup
 	$(VENV)/bin/jupyter lab --notebook-dir=.
 
 # Regenerate the student labs/ from the instructor solutions/.
 labs: setup
-	$(PY) -m helpers.labs release
+	$(PY) -m helpers.course.labs release
 
 lint: setup
 	$(VENV)/bin/ruff check helpers tests
@@ -50,9 +50,9 @@ format: setup
 	$(VENV)/bin/ruff format helpers tests
 
 bench: setup
-	$(PY) -m helpers.bench launch
-	$(PY) -m helpers.bench allreduce
-	$(PY) -m helpers.bench ddp
+	$(PY) -m helpers.course.bench launch
+	$(PY) -m helpers.course.bench allreduce
+	$(PY) -m helpers.course.bench ddp
 
 slurm-up:
 	bash slurm/local/start.sh --nodes $(SLURM_NODES)

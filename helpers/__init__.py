@@ -12,6 +12,6 @@ __version__ = "0.1.0"
 
 
 def load_ipython_extension(ipython):  # pragma: no cover - exercised by notebooks
-    from helpers import magics
+    from helpers.notebook import magics
 
     magics.register(ipython)

@@ -7,6 +7,8 @@ Every program in the workbook starts with::
     ...
     dist.cleanup()
 
+or, to leave the group correctly on errors too, ``with dist.session() as d: ...``.
+
 and runs unchanged in three worlds:
 
     python prog.py                      -> single process, rank 0 of 1, no process group
@@ -24,13 +26,14 @@ branches (the NERSC tutorial's ``get_size`` idea).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import gc
 import os
 import random
 import re
 import subprocess
-import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -40,6 +43,7 @@ __all__ = [
     "Dist",
     "init",
     "cleanup",
+    "session",
     "rank",
     "world_size",
     "local_rank",
@@ -175,23 +179,42 @@ def init(backend: str | None = None, timeout_s: float = 300.0) -> Dist:
     return Dist(rank=rank_, local_rank=local, world_size=world, device=device, backend=backend)
 
 
-def cleanup() -> None:
+def cleanup(failed: bool = False) -> None:
     """Leave the process group; safe to call when none exists.
 
-    On a normal exit every rank first waits for the others (a barrier) and drops
-    unreachable objects that still hold the group (a DDP reducer in a reference
-    cycle). Tearing gloo down while a peer is still talking, or after the group
-    is gone, aborts the process ("terminate called without an active
-    exception") in a fraction of runs. When an exception is on its way out (this
-    is called from a ``finally``) there is no barrier: the failing rank must exit
-    promptly so the launcher can stop the others.
+    On a normal exit (``failed=False``) every rank first waits for the others (a
+    barrier) and drops unreachable objects that still hold the group (a DDP
+    reducer in a reference cycle). Tearing gloo down while a peer is still
+    talking, or after the group is gone, aborts the process ("terminate called
+    without an active exception") in a fraction of runs.
+
+    ``failed=True`` skips the barrier: a failing rank must exit promptly so the
+    launcher can stop the others. ``session()`` passes it for you; a handled
+    exception (cleanup() called inside an ``except`` block that recovered) is a
+    normal exit and waits as usual.
     """
     if not (tdist.is_available() and tdist.is_initialized()):
         return
-    if sys.exc_info()[0] is None:
+    if not failed:
         gc.collect()
         tdist.barrier()
     tdist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def session(backend: str | None = None, timeout_s: float = 300.0) -> Iterator[Dist]:
+    """``with dist.session() as d:`` joins the group and always leaves it correctly.
+
+    A normal exit waits for every rank (``cleanup()``); an exception leaves at
+    once (``cleanup(failed=True)``) and propagates, so the launcher names this rank.
+    """
+    d = init(backend=backend, timeout_s=timeout_s)
+    try:
+        yield d
+    except BaseException:
+        cleanup(failed=True)
+        raise
+    cleanup()
 
 
 # --------------------------------------------------------------------------- queries

@@ -9,7 +9,7 @@ Layout::
           command.txt             the exact command line
           logs/rank0.log ...      per-rank output
           metrics.json            what rank 0 wrote with write_metrics()
-        slurm/                    (helpers.slurm) job ids keyed by a hash
+        slurm/                    (helpers.cluster.job) job ids keyed by a hash
 
 The root is ``$WORKBOOK_RUNS`` if set, otherwise ``runs/`` at the top of the
 workbook checkout (found by walking up from the current directory), otherwise

@@ -2,7 +2,7 @@
 
     python -m helpers.programs.train_cnn                       # this laptop, CPU
     python helpers/programs/train_cnn.py --epochs 10 --amp bf16
-    sbatch job.sh                                              # 1 GPU (helpers.slurm)
+    sbatch job.sh                                              # 1 GPU (helpers.cluster.job)
 
 The same file runs everywhere: helpers.dist.init() describes a single process
 (rank 0 of 1) on cuda:0 when a GPU is visible and on the CPU otherwise, and
@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from helpers import data, dist, models, train
+from helpers import data, dist, models, training
 from helpers.config import parse
 from helpers.runs import write_metrics
 
@@ -50,10 +50,12 @@ def run(cfg: TrainConfig, d: dist.Dist) -> dict:
         train_ds, cfg.batch_size, shuffle=True, seed=cfg.seed, num_workers=cfg.workers
     )
     test_loader = data.make_loader(test_ds, 500, shuffle=False, num_workers=cfg.workers)
-    model = models.create(cfg.dataset, num_classes=info.num_classes).to(d.device)
+    model = models.create(info.name, num_classes=info.num_classes).to(d.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
     print(f"{d}: {models.count_parameters(model):,} parameters, amp={cfg.amp}", flush=True)
-    history = train.fit(model, train_loader, test_loader, optimizer, d.device, cfg.epochs, cfg.amp)
+    history = training.fit(
+        model, train_loader, test_loader, optimizer, d.device, cfg.epochs, cfg.amp
+    )
     return {
         "config": asdict(cfg),
         "data": info.description,
@@ -66,11 +68,8 @@ def run(cfg: TrainConfig, d: dist.Dist) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     cfg = parse(TrainConfig, argv)
-    d = dist.init()
-    try:
+    with dist.session() as d:
         write_metrics(run(cfg, d))
-    finally:
-        dist.cleanup()
 
 
 if __name__ == "__main__":

@@ -24,9 +24,11 @@ import torch
 import torch.distributed as tdist
 from torch import nn
 
-from helpers import data, ddp, dist, models, scaling
+from helpers import data, dist, models
 from helpers.config import parse
+from helpers.parallel import ddp
 from helpers.runs import write_metrics
+from helpers.training import lr as lr_rules
 
 
 @dataclass
@@ -45,7 +47,7 @@ class DDPConfig:
     batch_size: int = 64  # per rank
     base_batch: int = 64  # the global batch that --lr was tuned for
     lr: float = 0.05
-    lr_rule: str = field(default="none", metadata={"choices": scaling.LR_RULES})
+    lr_rule: str = field(default="none", metadata={"choices": lr_rules.LR_RULES})
     warmup_steps: int = 0
     momentum: float = 0.9
     bucket_cap_mb: float = 0.0  # 0: torch's default (25 MiB)
@@ -98,7 +100,7 @@ def train(d: dist.Dist, cfg: DDPConfig) -> dict:
             f"{len(train_ds)} training samples make no full batch of {cfg.batch_size} per rank "
             f"on {d.world_size} rank(s): lower --batch-size or raise --n-train"
         )
-    model = models.create(cfg.dataset, num_classes=info.num_classes).to(d.device)
+    model = models.create(info.name, num_classes=info.num_classes).to(d.device)
     distributed = dist.is_initialized()
     if distributed and cfg.sync == "ddp":
         net = ddp.wrap(model, d, bucket_cap_mb=cfg.bucket_cap_mb or None)
@@ -106,11 +108,9 @@ def train(d: dist.Dist, cfg: DDPConfig) -> dict:
         net = model
 
     global_batch = cfg.batch_size * d.world_size
-    peak_lr = scaling.scale_lr(cfg.lr, global_batch / cfg.base_batch, cfg.lr_rule)
+    peak_lr = lr_rules.scale_lr(cfg.lr, global_batch / cfg.base_batch, cfg.lr_rule)
     opt = torch.optim.SGD(net.parameters(), lr=peak_lr, momentum=cfg.momentum)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, scaling.warmup_factors(cfg.lr, peak_lr, cfg.warmup_steps)
-    )
+    sched = lr_rules.warmup_scheduler(opt, cfg.lr, peak_lr, cfg.warmup_steps)
 
     losses: list[float] = []  # this rank's loss per step; averaged over ranks at the end
     lrs: list[float] = []
@@ -174,12 +174,9 @@ def train(d: dist.Dist, cfg: DDPConfig) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     cfg = parse(DDPConfig, argv)
-    d = dist.init()
-    dist.print0(f"{d}; global batch {cfg.batch_size * d.world_size}")
-    try:
+    with dist.session() as d:
+        dist.print0(f"{d}; global batch {cfg.batch_size * d.world_size}")
         write_metrics(train(d, cfg))
-    finally:
-        dist.cleanup()
 
 
 if __name__ == "__main__":

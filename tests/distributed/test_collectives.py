@@ -4,7 +4,8 @@ import pytest
 import torch
 import torch.distributed as tdist
 
-from helpers import collectives, launch
+from helpers import launch
+from helpers.parallel import collectives
 
 
 def _compare_all(d, sizes):

@@ -1,9 +1,9 @@
-"""helpers.data + helpers.train on real gloo ranks: sharded evaluation equals one process."""
+"""helpers.data + helpers.training.loop on real gloo ranks: sharded evaluation equals one process."""
 
 import pytest
 import torch
 
-from helpers import data, launch, models, train
+from helpers import data, launch, models, training
 from helpers.dist import Dist
 
 
@@ -23,13 +23,13 @@ def _sharded_eval(d: Dist, drop_last: bool, n: int = 60):
     ds = _dataset(n)
     loader = data.make_loader(ds, 7, d, shuffle=False, drop_last=drop_last)
     indices = list(loader.sampler)  # this rank's slice of the dataset
-    return train.evaluate(_model(), loader, d.device), indices
+    return training.evaluate(_model(), loader, d.device), indices
 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_sharded_evaluation_equals_one_process(world):
     torch.set_num_threads(1)
-    ref = train.evaluate(
+    ref = training.evaluate(
         _model(), data.make_loader(_dataset(), 7, shuffle=False), torch.device("cpu")
     )
     out = launch.spawn(_sharded_eval, world, args=(False,))

@@ -4,8 +4,9 @@ import pytest
 import torch
 import torch.distributed as tdist
 
-from helpers import buckets, ddp, launch, models
+from helpers import launch, models
 from helpers.dist import Dist
+from helpers.parallel import buckets, ddp
 from helpers.programs.train_ddp import DDPConfig, train
 
 

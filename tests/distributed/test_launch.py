@@ -1,7 +1,7 @@
-"""helpers.launch and helpers.magics on real processes: torchrun, gloo, a real IPython shell.
+"""helpers.launch and helpers.notebook.magics on real processes: torchrun, gloo, a real IPython shell.
 
 Every bound on elapsed time below is a correctness bound (a failure must not
-hang), not a speed target: speed is measured by ``python -m helpers.bench launch``.
+hang), not a speed target: speed is measured by ``python -m helpers.course.bench launch``.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import launch, magics
+from helpers import launch, runs
 from helpers.launch import RankFailure
+from helpers.notebook import magics
 
 ALLREDUCE = textwrap.dedent(
     """
@@ -101,7 +102,7 @@ def test_run_two_ranks_returns_metrics_logs_and_keeps_every_run(tmp_path):
     second = launch.run(prog, nproc=1, name="allreduce", timeout=300, stream=False)
     assert second.ok and second.metrics == {"sum": 1.0, "world_size": 1}
     assert second.run_dir != first.run_dir and second.run_dir.parent == first.run_dir.parent
-    assert launch.runs.read_metrics(first.run_dir / "metrics.json")["world_size"] == 2
+    assert runs.read_metrics(first.run_dir / "metrics.json")["world_size"] == 2
 
 
 def test_run_failure_names_the_rank_and_stops_the_others(tmp_path):
@@ -222,12 +223,17 @@ def test_torchrun_magic_writes_a_standalone_program(tmp_path, monkeypatch):
 
 def test_torchrun_magic_raises_on_failure_and_bad_lines(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ValueError, match="Usage"):
+    with pytest.raises(ValueError, match="required: name"):
         magics.parse_line("-n 2")
     with pytest.raises(ValueError, match="invalid run name"):
         magics.parse_line("-n 2 'two words'")
-    opts, args = magics.parse_line("-n 3 demo --timeout 9 -- --epochs 2")
-    assert (opts.nproc, opts.name, opts.timeout, args) == (3, "demo", 9.0, ["--epochs", "2"])
+    opts = magics.parse_line("-n 3 demo --timeout 9 -- --epochs 2")
+    assert (opts.nproc, opts.name, opts.timeout, opts.prog_args) == (
+        3,
+        "demo",
+        9.0,
+        ["--epochs", "2"],
+    )
     ns: dict = {}
     with pytest.raises(RankFailure, match="rank 0"):
         magics.torchrun_magic("-n 1 broken", "raise SystemError('nope')\n", ns)

@@ -1,7 +1,7 @@
-"""helpers.launch.spawn on real gloo ranks forked from the warm pool (helpers.pool).
+"""helpers.launch.spawn on real gloo ranks forked from the warm pool (helpers.launch.pool).
 
 Bounds on elapsed time are correctness bounds (a failure must not hang), not
-speed targets: ``python -m helpers.bench launch`` measures speed.
+speed targets: ``python -m helpers.course.bench launch`` measures speed.
 """
 
 from __future__ import annotations

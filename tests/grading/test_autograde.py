@@ -14,7 +14,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from helpers import labs
+from helpers.course import labs
 
 ROOT = Path(__file__).resolve().parents[2]
 

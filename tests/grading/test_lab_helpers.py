@@ -1,4 +1,4 @@
-"""Unit tests of the pieces of helpers.labs that build fake submissions."""
+"""Unit tests of the pieces of helpers.course.labs that build fake submissions."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from helpers import labs
+from helpers.course import labs
 
 
 def _solution_cell(grade_id: str, source: str):

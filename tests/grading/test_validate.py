@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import labs
+from helpers.course import labs
 
 ROOT = Path(__file__).resolve().parents[2]
 SOLUTIONS = [
@@ -31,7 +31,7 @@ def test_solution_passes_validate(notebook):
 @pytest.mark.parametrize("notebook", SOLUTIONS, ids=str)
 def test_release_fails_validate_inverted(notebook):
     released = ROOT / "labs" / notebook.relative_to("solutions")
-    assert released.is_file(), f"{released} is missing: run `python -m helpers.labs release`"
+    assert released.is_file(), f"{released} is missing: run `python -m helpers.course.labs release`"
     # --invert: every autograded test must fail on the untouched student version,
     # otherwise a learner gets points for nothing.
     ok, out = labs.validate(released, invert=True)

@@ -1,4 +1,4 @@
-"""helpers.book on a scratch checkout: discovery, the failure report and the exit status."""
+"""helpers.course.book on a scratch checkout: discovery, the failure report and the exit status."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import nbformat
 from nbformat.v4 import new_code_cell, new_notebook
 
-from helpers import book
+from helpers.course import book
 
 
 def _notebook(path: Path, *sources: str) -> Path:

@@ -1,6 +1,6 @@
 """Every notebook and every lab solution runs top to bottom with SMOKE=True.
 
-The same papermill call as `python -m helpers.book run --smoke --solutions`,
+The same papermill call as `python -m helpers.course.book run --smoke --solutions`,
 one test per notebook so a failure names the notebook and shows the cell.
 """
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import book
+from helpers.course import book
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = book.discover(ROOT, solutions=True)

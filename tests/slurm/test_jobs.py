@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from helpers.cluster.job import Job
+from helpers.cluster.slurmcli import job_state
+from helpers.notebook.sbatch_cell import sbatch_magic
 from helpers.runs import list_runs, read_metrics
-from helpers.slurm import Job, sbatch_magic
-from helpers.slurmcli import job_state
 
 pytestmark = pytest.mark.slurm
 
@@ -161,7 +162,7 @@ def test_written_program_runs_under_srun_without_torchrun(cluster, tmp_path, mon
 
     The program is written by the same writer as %%torchrun and %%sbatch cells.
     """
-    from helpers.magics import write_program
+    from helpers.notebook.program import write_program
 
     monkeypatch.chdir(tmp_path)
     prog = write_program("srun_allreduce", ALLREDUCE)

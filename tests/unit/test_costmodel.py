@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from helpers import costmodel
-from helpers.costmodel import AlphaBeta
+from helpers.parallel import costmodel
+from helpers.parallel.costmodel import AlphaBeta
 
 
 def test_ring_formula_values():

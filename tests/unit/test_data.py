@@ -7,7 +7,8 @@ import struct
 import pytest
 import torch
 
-from helpers import data, synthetic
+from helpers import data
+from helpers.data import synthetic
 from helpers.dist import Dist
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from helpers import launch
-from helpers.supervise import _root_cause
+from helpers.launch.supervise import _root_cause
 
 
 def test_torchrun_command_matches_the_cluster_form():

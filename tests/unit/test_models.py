@@ -41,7 +41,7 @@ def test_every_parameter_gets_a_gradient():
 
 def test_create_and_count_trainable():
     assert isinstance(models.create("cifar10"), models.CifarCNN)
-    m = models.create("MNIST", num_classes=3, width=4)
+    m = models.create("mnist", num_classes=3, width=4)
     assert isinstance(m, models.MnistCNN) and m.fc2.out_features == 3
     total = models.count_parameters(m)
     m.conv1.requires_grad_(False)

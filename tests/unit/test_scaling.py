@@ -1,11 +1,12 @@
-"""Learning-rate rules, warm-up schedule and scaling efficiency (helpers.scaling)."""
+"""Learning-rate rules and warm-up (helpers.training.lr), scaling efficiency (helpers.parallel.scaling)."""
 
 import math
 
 import pytest
 import torch
 
-from helpers.scaling import efficiency, local_batch, scale_lr, speedup, warmup_factors, warmup_lr
+from helpers.parallel.scaling import efficiency, local_batch, speedup
+from helpers.training.lr import scale_lr, warmup_lr, warmup_scheduler
 
 
 @pytest.mark.parametrize(
@@ -38,16 +39,30 @@ def test_warmup_ramps_linearly_then_holds():
         warmup_lr(0, 0.1, 0.5, -1)
 
 
-def test_warmup_factors_drive_a_real_optimizer():
-    p = torch.nn.Parameter(torch.zeros(1))
-    opt = torch.optim.SGD([p], lr=0.8)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_factors(0.1, 0.8, 7))
+def _lrs(opt, sched, steps):
     seen = []
-    for _ in range(9):
+    for _ in range(steps):
         seen.append(opt.param_groups[0]["lr"])
         opt.step()
         sched.step()
+    return seen
+
+
+def test_warmup_scheduler_is_torchs_linear_lr_and_matches_the_arithmetic():
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=0.8)
+    sched = warmup_scheduler(opt, 0.1, 0.8, 7)
+    assert isinstance(sched, torch.optim.lr_scheduler.LinearLR)
+    seen = _lrs(opt, sched, 9)
     assert seen == pytest.approx([0.1 + 0.1 * i for i in range(8)] + [0.8])
+    assert seen == pytest.approx([warmup_lr(s, 0.1, 0.8, 7) for s in range(9)])
+
+
+def test_no_warmup_when_steps_are_zero_or_the_peak_is_not_higher():
+    for base, peak, steps in ((0.1, 0.8, 0), (0.4, 0.2, 5)):
+        p = torch.nn.Parameter(torch.zeros(1))
+        opt = torch.optim.SGD([p], lr=peak)
+        assert _lrs(opt, warmup_scheduler(opt, base, peak, steps), 4) == pytest.approx([peak] * 4)
 
 
 def test_efficiency_perfect_and_lossy():
@@ -72,7 +87,7 @@ def test_local_batch_splits_or_explains():
 
 
 def test_add_efficiency_per_mode_and_table():
-    from helpers.scaling import add_efficiency, format_table
+    from helpers.parallel.scaling import add_efficiency, format_table
 
     rows = [
         {"mode": "weak", "ranks": 1, "threads": 2, "local_batch": 64, "global_batch": 64,
@@ -93,7 +108,7 @@ def test_add_efficiency_per_mode_and_table():
 
 
 def test_study_rejects_bad_modes_and_ranks():
-    from helpers.scaling import StudyConfig, run_study
+    from helpers.course.scaling_study import StudyConfig, run_study
 
     with pytest.raises(ValueError, match="'weak' and/or 'strong'"):
         run_study(StudyConfig(modes="weak,fast"))

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers.jobscript import JobSpec, check_time, render
-from helpers.profiles import ProfileError, load_profile, profile_names
-from helpers.slurm import Job
+from helpers.cluster.job import Job
+from helpers.cluster.jobscript import JobSpec, check_time, render
+from helpers.cluster.profiles import ProfileError, load_profile, profile_names
 
 # Placeholder values for the fields only a user knows, clearly fake.
 USER_VALUES = {
@@ -217,14 +217,14 @@ def test_logs_per_rank_when_two_ranks_share_a_line(tmp_path, monkeypatch):
         ("", "required: name"),
         ("x --nodes two", "invalid int value"),
         ("x --bogus", "unrecognized arguments: --bogus"),
-        ("x --submit --write-only", "not allowed with"),
+        ("x --submit --write-only", "choose one of --submit and --write-only"),
         ("x --as 1a", "Python variable name"),
         ("x --set account", "FIELD=VALUE"),
         ("x$(id)", "invalid run name"),
     ],
 )
 def test_sbatch_magic_bad_lines_are_clear(line, message, tmp_path, monkeypatch):
-    from helpers.slurm import sbatch_magic
+    from helpers.notebook.sbatch_cell import sbatch_magic
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -234,7 +234,7 @@ def test_sbatch_magic_bad_lines_are_clear(line, message, tmp_path, monkeypatch):
 def test_sbatch_magic_write_only_saves_the_cell_and_the_job(tmp_path, monkeypatch, capsys):
     from IPython.core.interactiveshell import InteractiveShell
 
-    from helpers.slurm import sbatch_magic
+    from helpers.notebook.sbatch_cell import sbatch_magic
 
     monkeypatch.chdir(tmp_path)
     shell = InteractiveShell.instance()

@@ -1,12 +1,13 @@
-"""helpers.train: the loop learns, evaluation counts, mixed precision, throughput, profiler."""
+"""helpers.training.loop: the loop learns, evaluation counts, mixed precision, throughput, profiler."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from helpers import data, models, profiling, train
+from helpers import data, models, training
 from helpers.runs import read_metrics
+from helpers.training import profiling
 
 CPU = torch.device("cpu")
 
@@ -31,8 +32,8 @@ def test_cnn_learns_the_offline_cifar_standin(shapes):
     torch.manual_seed(0)
     model = models.CifarCNN()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    before = train.evaluate(model, data.make_loader(test_ds, 500, shuffle=False), CPU)
-    history = train.fit(
+    before = training.evaluate(model, data.make_loader(test_ds, 500, shuffle=False), CPU)
+    history = training.fit(
         model, data.make_loader(train_ds, 32), data.make_loader(test_ds, 500, shuffle=False),
         opt, CPU, epochs=3, log=None,
     )  # fmt: skip
@@ -48,7 +49,7 @@ def test_mnist_cnn_learns_the_digits():
     torch.manual_seed(0)
     model = models.MnistCNN(width=8)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    history = train.fit(
+    history = training.fit(
         model, data.make_loader(train_ds, 32), data.make_loader(test_ds, 300, shuffle=False),
         opt, CPU, epochs=2, log=None,
     )  # fmt: skip
@@ -61,7 +62,7 @@ def test_evaluate_counts_correct_predictions():
             return torch.tensor([[0.0, 1.0, 0.0]]).expand(len(x), 3)
 
     x, y = torch.zeros(8, 2), torch.tensor([1, 1, 1, 0, 2, 1, 0, 0])
-    out = train.evaluate(Fixed(), data.make_loader(torch.utils.data.TensorDataset(x, y), 3), CPU)
+    out = training.evaluate(Fixed(), data.make_loader(torch.utils.data.TensorDataset(x, y), 3), CPU)
     assert out["samples"] == 8 and out["accuracy"] == pytest.approx(4 / 8)
     expected = torch.nn.functional.cross_entropy(Fixed()(x), y).item()
     assert out["loss"] == pytest.approx(expected, rel=1e-5)
@@ -70,7 +71,7 @@ def test_evaluate_counts_correct_predictions():
 def test_train_epoch_max_steps_and_stats(shapes):
     model = models.CifarCNN()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    out = train.train_epoch(model, data.make_loader(shapes[0], 16), opt, CPU, max_steps=3)
+    out = training.train_epoch(model, data.make_loader(shapes[0], 16), opt, CPU, max_steps=3)
     assert out["samples"] == 48 and len(out["step_losses"]) == 3
     assert out["samples_per_s"] > 0 and 0 <= out["accuracy"] <= 1
 
@@ -78,25 +79,25 @@ def test_train_epoch_max_steps_and_stats(shapes):
 def test_bf16_autocast_on_cpu(shapes):
     model = models.CifarCNN()
     x = shapes[0].tensors[0][:4]
-    with train.autocast(CPU, "bf16"):
+    with training.autocast(CPU, "bf16"):
         assert model(x).dtype == torch.bfloat16
-    with train.autocast(CPU, None):
+    with training.autocast(CPU, None):
         assert model(x).dtype == torch.float32
-    assert train.grad_scaler(CPU, "bf16") is None  # bf16 keeps fp32's range: no loss scaling
+    assert training.grad_scaler(CPU, "bf16") is None  # bf16 keeps fp32's range: no loss scaling
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    out = train.train_epoch(
+    out = training.train_epoch(
         model, data.make_loader(shapes[0], 16), opt, CPU, amp="bf16", max_steps=2
     )
     assert all(torch.isfinite(torch.tensor(out["step_losses"])))
     assert all(p.dtype == torch.float32 for p in model.parameters())  # master weights stay fp32
-    assert train.default_amp(CPU) == "bf16"
+    assert training.default_amp(CPU) == "bf16"
 
 
 def test_bad_amp_is_a_clear_error():
     with pytest.raises(ValueError, match="use amp='bf16' on CPU"):
-        train.autocast(CPU, "fp16")
+        training.autocast(CPU, "fp16")
     with pytest.raises(ValueError, match="amp must be one of"):
-        train.autocast(CPU, "fp8")
+        training.autocast(CPU, "fp8")
 
 
 def test_throughput_leaves_the_model_untouched(shapes):

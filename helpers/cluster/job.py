@@ -1,0 +1,298 @@
+"""Slurm jobs from a notebook: write, submit, follow, and collect results.
+
+    from helpers.cluster import Job
+    job = Job("allreduce", "programs/allreduce.py", nodes=2, gpus_per_node=4,
+              profile="perlmutter", values={"account": "m1234_g"})
+    job.submit()          # sbatch, or re-attach to the job this exact cell already submitted
+    job.wait()            # live progress: PENDING -> RUNNING -> COMPLETED, elapsed time
+    job.logs(tail=20)     # the end of slurm-<id>.out
+    job.result()          # the metrics.json rank 0 wrote with helpers.runs.write_metrics
+
+Each job gets a run directory (``runs/NAME/<id>/``: program.py, job.sh,
+command.txt, slurm-<jobid>.out, metrics.json). The job id is recorded in
+``runs/NAME/slurm/<key>.json`` where key hashes the program, the resources and
+the rendered script, so re-running a notebook re-attaches instead of
+resubmitting, and a changed program is a new job.
+
+Without a reachable Slurm (no sbatch, or the controller is down) ``submit()``
+writes the job, prints how to run the same program locally, and returns None:
+notebooks run anywhere. ``%%sbatch`` (helpers.notebook.sbatch_cell) wraps all of this.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from helpers.cluster.jobscript import PORT_BASE, JobSpec, check_job_name, render
+from helpers.cluster.profiles import ProfileError, load_profile
+from helpers.cluster.slurmcli import (
+    TERMINAL,
+    Progress,
+    base_state,
+    job_state,
+    mmss,
+    run,
+    slurm_available,
+)
+from helpers.launch import torchrun_command
+from helpers.runs import new_run_dir, read_metrics, runs_root
+
+__all__ = ["Job", "slurm_available", "job_state", "TERMINAL", "ProfileError"]
+
+
+_RANK_TAG = re.compile(r"(?=\[(?:rank ?\d+|default\d+)\]:? )")  # zero-width: keeps the tag
+
+
+@dataclass
+class Job:
+    """A program, its resources and a cluster profile, submitted as one Slurm job."""
+
+    name: str
+    program: str | os.PathLike
+    nodes: int = 1
+    gpus_per_node: int = 1
+    profile: str = "local"
+    time: str = "00:10:00"
+    args: Sequence[str] = ()
+    values: dict = field(default_factory=dict)  # profile fields: account, env, ...
+    nsys: bool = False
+    nccl_debug: bool = False
+    job_id: str | None = field(default=None, init=False)
+    run_dir: Path | None = field(default=None, init=False)
+
+    def __post_init__(self):
+        check_job_name(self.name)
+        self.args = tuple(str(a) for a in self.args)
+        self._profile = load_profile(self.profile)
+        self._values = self._profile.values(self.values)
+        path = Path(self.program)
+        if not path.is_file():
+            raise FileNotFoundError(f"program {str(path)!r} not found (cwd {Path.cwd()})")
+        self._source = path.read_text()
+        # Key: the program and the script rendered with a placeholder run directory,
+        # which covers resources, profile, options and the templates themselves.
+        blob = self._source + "\0" + self._render("RUN_DIR")
+        self.key = hashlib.sha256(blob.encode()).hexdigest()[:16]
+        self._state = "NOT_SUBMITTED"
+        rec = self._load_record()
+        if rec:  # this exact job was written (and maybe submitted) before: re-attach
+            self.run_dir = Path(rec["run_dir"])
+            self.job_id = rec.get("job_id")
+            self._state = rec.get("state", "UNKNOWN") if self.job_id else "NOT_SUBMITTED"
+
+    # ------------------------------------------------------------------ files
+    def _render(self, run_dir: str) -> str:
+        spec = JobSpec(
+            name=self.name,
+            profile=self._profile,
+            values=self._values,
+            nodes=self.nodes,
+            gpus_per_node=self.gpus_per_node,
+            time=self.time,
+            program=str(Path(run_dir) / "program.py"),
+            args=self.args,
+            run_dir=run_dir,
+            nsys=self.nsys,
+            nccl_debug=self.nccl_debug,
+        )
+        return render(spec)
+
+    @property
+    def _record_path(self) -> Path:
+        return runs_root() / self.name / "slurm" / f"{self.key}.json"
+
+    def _load_record(self) -> dict:
+        p = self._record_path
+        return json.loads(p.read_text()) if p.is_file() else {}
+
+    def _save_record(self, **extra) -> None:
+        rec = {
+            **self._load_record(),
+            "name": self.name,
+            "profile": self.profile,
+            "run_dir": str(self.run_dir),
+            "job_id": self.job_id,
+            "state": self._state,
+            **extra,
+        }
+        p = self._record_path
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_suffix(".tmp")
+        tmp.write_text(json.dumps(rec, indent=2))
+        tmp.replace(p)
+
+    @property
+    def script(self) -> Path | None:
+        return self.run_dir / "job.sh" if self.run_dir else None
+
+    def write(self) -> Path:
+        """Write program.py, job.sh and command.txt into a fresh run directory."""
+        if self.run_dir and self.script.is_file():
+            return self.script
+        self.run_dir = new_run_dir(self.name)
+        (self.run_dir / "program.py").write_text(self._source)
+        self.script.write_text(self._render(str(self.run_dir)))
+        self.script.chmod(0o755)
+        (self.run_dir / "command.txt").write_text(
+            f"cd {shlex.quote(str(self.run_dir))} && sbatch job.sh\n"
+        )
+        self._save_record()
+        return self.script
+
+    def local_command(self) -> str:
+        """How to run the same program on this machine, without Slurm."""
+        n = self.nodes * self.gpus_per_node
+        prog = str(self.run_dir / "program.py") if self.run_dir else str(self.program)
+        if n == 1:
+            return shlex.join(["python", prog, *self.args])
+        return shlex.join(
+            torchrun_command(prog, n, rdzv_endpoint=f"localhost:{PORT_BASE}", args=self.args)
+        )
+
+    # ------------------------------------------------------------- slurm side
+    def submit(self, force: bool = False) -> str | None:
+        """sbatch the job (or re-attach to it); None in write-only mode."""
+        if self.job_id and not force:
+            print(
+                f"re-attached to job {self.job_id} ({self.name}, {self.status()}); "
+                "pass force=True (or --resubmit) to run it again"
+            )
+            return self.job_id
+        if force and self.job_id:
+            self.run_dir, self.job_id = None, None  # a new run directory: never overwrite logs
+        script = self.write()
+        ok, why = slurm_available()
+        if not ok:
+            n = self.nodes * self.gpus_per_node
+            print(
+                f"write-only mode: {why}.\n  job script: {script}\n"
+                f"  run it on this machine instead:\n"
+                f"    helpers.launch.run({str(self.run_dir / 'program.py')!r}, nproc={n}, name={self.name!r})\n"
+                f"    or in a shell: {self.local_command()}\n"
+                f"  or on a cluster: copy the run directory and run: sbatch job.sh"
+            )
+            return None
+        out = run(["sbatch", "--parsable", script.name], cwd=self.run_dir)
+        if out.returncode != 0:
+            raise RuntimeError(f"sbatch rejected {script}:\n{out.stderr.strip()}")
+        self.job_id = out.stdout.strip().split(";")[0]
+        self._state = "PENDING"
+        self._save_record(submitted=time.time())
+        print(
+            f"submitted job {self.job_id} ({self.name}: {self.nodes} node(s) x "
+            f"{self.gpus_per_node} GPU(s), profile {self.profile}); logs in {self.run_dir}"
+        )
+        return self.job_id
+
+    def check(self) -> subprocess.CompletedProcess:
+        """``sbatch --test-only job.sh``: would Slurm accept this job? (nothing is queued)"""
+        script = self.write()
+        return run(["sbatch", "--test-only", script.name], cwd=self.run_dir)
+
+    def status(self) -> str:
+        if not self.job_id:
+            return "NOT_SUBMITTED"
+        if self._state not in TERMINAL:
+            state = base_state(job_state(self.job_id))
+            if state != self._state:
+                self._state = state
+                self._save_record()
+        return self._state
+
+    def wait(self, timeout: float | None = None, poll: float = 0.5, progress: bool = True) -> str:
+        """Block until the job ends; show its state and elapsed time as it goes."""
+        if not self.job_id:
+            print(f"{self.name}: not submitted (write-only mode), nothing to wait for")
+            return "NOT_SUBMITTED"
+        if self._state not in TERMINAL and not slurm_available()[0]:
+            print(f"job {self.job_id} ({self.name}): Slurm is not reachable from here; "
+                  f"last known state {self._state}")  # fmt: skip
+            return self._state
+        show = Progress(progress)
+        t0 = self._load_record().get("submitted", time.time())
+        start, unknown = time.monotonic(), 0
+        while True:
+            state = self.status()
+            unknown = unknown + 1 if state == "UNKNOWN" else 0
+            if unknown >= 10:  # the controller answers but has no record of the job
+                raise RuntimeError(
+                    f"Slurm no longer knows job {self.job_id} (was the cluster reset?); "
+                    "run it again with submit(force=True) or %%sbatch ... --resubmit"
+                )
+            show(
+                state,
+                f"job {self.job_id} ({self.name}): {state:<10} {mmss(time.time() - t0)} elapsed",
+            )
+            if state in TERMINAL:
+                show.done()
+                return state
+            if timeout is not None and time.monotonic() - start > timeout:
+                show.done()
+                raise TimeoutError(
+                    f"job {self.job_id} still {state} after {timeout:.0f} s "
+                    "(call wait() again, or cancel())"
+                )
+            time.sleep(poll)
+
+    def cancel(self, timeout: float = 30) -> str:
+        """scancel the job and wait until Slurm reports it ended."""
+        if not self.job_id:
+            return "NOT_SUBMITTED"
+        run(["scancel", str(self.job_id)])
+        return self.wait(timeout=timeout, progress=False)
+
+    @property
+    def log_path(self) -> Path | None:
+        return self.run_dir / f"slurm-{self.job_id}.out" if self.job_id else None
+
+    def logs(self, tail: int = 30, rank: int | None = None) -> str:
+        """The last lines of the job's output; rank=r keeps lines tagged with that rank."""
+        p = self.log_path
+        if p is None or not p.is_file():
+            return ""
+        lines = p.read_text(errors="replace").splitlines()
+        if rank is not None:
+            # Ranks share one output file. A print is two writes (text, then "\n"), so
+            # two ranks' lines can land on one line: split again before each rank tag.
+            lines = [part for ln in lines for part in _RANK_TAG.split(ln) if part]
+            tags = (f"[rank{rank}]", f"[rank {rank}]", f"[default{rank}]:", f"{rank}: ")
+            lines = [ln for ln in lines if ln.lstrip().startswith(tags)]
+        return "\n".join(lines[-tail:])
+
+    def result(self, timeout: float | None = None) -> dict | None:
+        """The metrics rank 0 wrote; waits for the job. None in write-only mode."""
+        if not self.job_id:
+            print(
+                f"{self.name}: not submitted (write-only mode), no result; run it locally with:\n"
+                f"  {self.local_command()}"
+            )
+            return None
+        state = self.wait(timeout=timeout, progress=False)
+        if state != "COMPLETED":
+            raise RuntimeError(
+                f"job {self.job_id} ({self.name}) ended {state}; "
+                f"last lines of {self.log_path}:\n{self.logs(tail=20)}"
+            )
+        metrics = read_metrics(self.run_dir / "metrics.json")
+        if not metrics:
+            raise RuntimeError(
+                f"job {self.job_id} completed but wrote no {self.run_dir}/metrics.json: "
+                "call helpers.runs.write_metrics({...}) in the program"
+            )
+        return metrics
+
+    def __repr__(self) -> str:
+        where = f"job {self.job_id}" if self.job_id else "not submitted"
+        return (
+            f"Job({self.name!r}, {self.nodes} node(s) x {self.gpus_per_node} GPU(s), "
+            f"profile={self.profile!r}, {where}, {self._state}, run_dir={self.run_dir})"
+        )

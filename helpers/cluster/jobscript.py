@@ -1,0 +1,212 @@
+"""Job scripts: render a program, its resources and a cluster profile into sbatch text.
+
+Three shapes, chosen from the resources (templates in ``slurm/templates``)::
+
+    nodes=1, gpus_per_node=1   single.sh.j2     python prog.py
+    nodes=1, gpus_per_node=G   node.sh.j2       torchrun --nnodes=1 --nproc-per-node=G
+                                                  --rdzv-endpoint=localhost:$PORT ...
+    nodes=N, gpus_per_node=G   multinode.sh.j2  srun torchrun --nnodes=$SLURM_NNODES
+                                                  --rdzv-endpoint=$MASTER_IP:$PORT ...
+
+The torchrun line comes from ``helpers.launch.torchrun_command``, the same
+function the laptop launcher uses, so a job runs exactly the local command.
+
+Shell safety: the job name must pass ``helpers.runs.check_name``; profile
+values must be plain words (``helpers.cluster.profiles``); the program path, its
+arguments and every path in the script body are ``shlex.quote``d; the output
+file is relative (``slurm-%j.out``) so no path appears in an ``#SBATCH`` line.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jinja2
+
+from helpers.cluster.profiles import Profile, ProfileError, profiles_dir
+from helpers.launch import torchrun_command
+from helpers.runs import check_name
+
+__all__ = [
+    "JobSpec",
+    "render",
+    "preview",
+    "shape_of",
+    "check_time",
+    "check_job_name",
+    "templates_dir",
+    "PORT_BASE",
+]
+
+PORT_BASE = 29500  # rendezvous port = PORT_BASE + job id % 20000
+_TIME = re.compile(r"(\d+-)?\d{1,3}(:\d{2}){0,2}")
+
+
+def templates_dir() -> Path:
+    return profiles_dir().parent / "templates"
+
+
+def check_time(time: str) -> str:
+    """Slurm's --time: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS."""
+    if not isinstance(time, str) or not _TIME.fullmatch(time):
+        raise ValueError(
+            f"invalid time limit {time!r}: use HH:MM:SS (e.g. '00:10:00') or D-HH:MM:SS"
+        )
+    return time
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """Everything a job script depends on (and nothing else: it is hashed)."""
+
+    name: str
+    profile: Profile
+    values: dict = field(default_factory=dict)  # resolved profile fields
+    nodes: int = 1
+    gpus_per_node: int = 1
+    time: str = "00:10:00"
+    program: str = "program.py"  # path as the job will see it
+    args: Sequence[str] = ()
+    run_dir: str | None = None  # where metrics and profiles go (None: not known yet)
+    nsys: bool = False
+    nccl_debug: bool = False
+
+
+def shape_of(nodes: int, gpus_per_node: int) -> str:
+    if nodes == 1 and gpus_per_node == 1:
+        return "single"
+    return "node" if nodes == 1 else "multinode"
+
+
+def check_job_name(name: str) -> str:
+    """helpers.runs.check_name, plus no trailing newline (which '$' in a regex lets through)."""
+    if isinstance(name, str) and name != name.strip():
+        raise ValueError(f"invalid run name {name!r}: no spaces or newlines")
+    return check_name(name)
+
+
+def _check(spec: JobSpec) -> None:
+    check_job_name(spec.name)
+    check_time(spec.time)
+    for what, n in (("nodes", spec.nodes), ("gpus_per_node", spec.gpus_per_node)):
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"{what} must be a whole number >= 1, got {n!r}")
+    top = spec.profile.max_gpus_per_node
+    if spec.gpus_per_node > top:
+        raise ValueError(
+            f"profile {spec.profile.name!r} has at most {top} GPUs per node, asked for "
+            f"{spec.gpus_per_node}: use more nodes (nodes={-(-spec.gpus_per_node // top)}, "
+            f"gpus_per_node={top})"
+        )
+
+
+def _directives(spec: JobSpec) -> list[dict]:
+    """The #SBATCH lines: resources first, then the profile's own lines."""
+    p, g = spec.profile, spec.gpus_per_node
+    typed = f"{spec.values['gpu_type']}:{g}" if spec.values.get("gpu_type") else str(g)
+    gpu_values = {**spec.values, "gpus": str(g), "typed_gpus": typed}
+    lines = [
+        (f"--job-name={spec.name}", ""),
+        (f"--nodes={spec.nodes}", ""),
+        ("--ntasks-per-node=1", "one launcher per node: python or torchrun starts the ranks"),
+        (f"--cpus-per-task={p.cpus_per_gpu * g}", f"{p.cpus_per_gpu} CPU(s) per GPU rank"),
+        (p.fill(p.gpu_request, gpu_values, quote=False), f"{g} GPU(s) on each node"),
+        (f"--time={spec.time}", "wall-clock limit: the job is killed after it"),
+        ("--output=slurm-%j.out", "stdout and stderr, relative to the submit directory"),
+    ]
+    for d in p.directives:
+        value = p.fill(d.value, spec.values, quote=False)
+        lines.append((f"{d.flag}={value}" if value else d.flag, d.why))
+    for text, _ in lines:
+        if not re.fullmatch(r"--[a-z-]+(=[A-Za-z0-9_.@+:,/%=-]+)?", text):
+            raise ProfileError(f"profile {p.name!r} produced an unsafe #SBATCH line: {text!r}")
+    width = max(len(t) for t, _ in lines) + 2
+    return [{"text": t, "why": w, "pad": width - len(t)} for t, w in lines]
+
+
+def launch_command(spec: JobSpec) -> str:
+    """The launch line of the job, shell-quoted (variables like $PORT left to the shell)."""
+    program = shlex.quote(spec.program)
+    args = " ".join(shlex.quote(str(a)) for a in spec.args)
+    shape = shape_of(spec.nodes, spec.gpus_per_node)
+    if shape == "single":
+        return " ".join(x for x in ("python", program, args) if x)
+    if shape == "node":
+        cmd = torchrun_command(
+            "PROGRAM",
+            spec.gpus_per_node,
+            nnodes=1,
+            rdzv_endpoint="localhost:$PORT",
+            rdzv_id="$SLURM_JOB_ID",
+        )
+    else:
+        cmd = torchrun_command(
+            "PROGRAM",
+            spec.gpus_per_node,
+            nnodes="$SLURM_NNODES",
+            rdzv_endpoint="$MASTER_IP:$PORT",
+            rdzv_id="$SLURM_JOB_ID",
+        )
+    head = cmd[: cmd.index("PROGRAM")]  # our own flags: safe words and $VARS, left unquoted
+    return " ".join([*head, program, args]).rstrip()
+
+
+def render(spec: JobSpec) -> str:
+    """The job script text for ``spec`` (raises ValueError/ProfileError on bad input)."""
+    _check(spec)
+    p = spec.profile
+    shape = shape_of(spec.nodes, spec.gpus_per_node)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,  # a missing variable is an error, not an empty string
+        keep_trailing_newline=True,
+        autoescape=False,  # shell, not HTML: values are quoted in Python before they get here
+    )
+    run_dir = spec.run_dir
+    gpus = spec.nodes * spec.gpus_per_node
+    title = (
+        f'Job "{spec.name}": {spec.nodes} node(s) x {spec.gpus_per_node} GPU(s) '
+        f"= {gpus} rank(s), shape '{shape}'"
+    )
+    text = env.get_template(f"{shape}.sh.j2").render(
+        title=title,
+        profile=p,
+        directives=_directives(spec),
+        setup=[p.fill(line, spec.values, quote=True) for line in p.setup],
+        metrics_path=shlex.quote(str(Path(run_dir) / "metrics.json")) if run_dir else "",
+        profile_prefix=shlex.quote(str(Path(run_dir) / "nsys-")) if run_dir else "nsys-",
+        nsys=spec.nsys,
+        nccl_debug=spec.nccl_debug,
+        command=launch_command(spec),
+        nodes=spec.nodes,
+        gpus=spec.gpus_per_node,
+        port_base=PORT_BASE,
+    )
+    return text.rstrip("\n") + "\n"  # the launch line is the script's last line
+
+
+def preview(
+    profile: str,
+    nodes: int = 1,
+    gpus_per_node: int = 1,
+    values: dict | None = None,
+    name: str = "demo",
+    program: str = "programs/demo.py",
+    **options,
+) -> str:
+    """The script a job would get, without writing anything (for reading and teaching).
+
+    ``values`` fills the profile's fields (account, env, ...); ``options`` are
+    JobSpec fields such as time, args, nsys, nccl_debug. The run directory is
+    shown as RUN_DIR.
+    """
+    from helpers.cluster.profiles import load_profile
+
+    p = load_profile(profile)
+    spec = JobSpec(name=name, profile=p, values=p.values(values), nodes=nodes,
+                   gpus_per_node=gpus_per_node, program=program, run_dir="RUN_DIR", **options)  # fmt: skip
+    return render(spec)

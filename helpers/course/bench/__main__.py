@@ -1,0 +1,3 @@
+from helpers.course.bench import main
+
+main()

@@ -1,0 +1,3 @@
+from helpers.data import main
+
+main()

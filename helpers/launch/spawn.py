@@ -1,0 +1,53 @@
+"""spawn(): run a notebook-defined function on N gloo ranks from the warm pool."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from helpers.launch.pool import get_pool
+from helpers.launch.torchrun import check_nproc, free_port, threads_per_rank
+
+__all__ = ["spawn", "warm_up"]
+
+
+def warm_up() -> None:
+    """Start spawn()'s pool now, so the first spawn() does not pay for importing torch."""
+    get_pool().start()
+
+
+def spawn(
+    fn: Callable,
+    world_size: int = 4,
+    args: Sequence = (),
+    timeout: float = 120,
+    backend: str = "gloo",
+    threads: int | None = None,
+) -> list:
+    """Run ``fn(d, *args)`` on ``world_size`` ranks and return their values, index = rank.
+
+    fn may be defined in the notebook (even a lambda or a closure): it is sent by
+    value. ``d`` is the helpers.dist.Dist each rank gets from helpers.dist.init().
+    Output printed by a rank appears here prefixed with ``[rankN]``. If a rank
+    raises, the others are stopped and RankFailure names the rank and shows its
+    traceback. After ``timeout`` seconds every rank is stopped.
+    """
+    import cloudpickle
+
+    if not callable(fn):
+        raise TypeError(f"spawn needs a function fn(d, *args), got {fn!r}")
+    check_nproc(world_size, "world_size")
+    try:
+        payload = cloudpickle.dumps((fn, tuple(args)))
+    except Exception as e:
+        raise TypeError(
+            f"spawn could not send {getattr(fn, '__name__', fn)!r} and its args to the ranks: {e}. "
+            "Pass plain values (numbers, tensors, lists) and define the function in the notebook."
+        ) from e
+    return get_pool().run(
+        payload,
+        world_size,
+        port=free_port(),
+        threads=threads or threads_per_rank(world_size),
+        backend=backend,
+        timeout=timeout,
+    )

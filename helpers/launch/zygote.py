@@ -1,0 +1,206 @@
+"""The zygote: a process that imported torch once and forks one worker per rank on request.
+
+Started by helpers.launch.pool as ``python -m helpers.launch.zygote`` (a fresh interpreter, so
+it never imports the caller's ``__main__``). Protocol, on the zygote's stdin and
+stdout, each message a 4-byte length and a pickle:
+
+    parent -> zygote   {"spawn": request}   fork request["world_size"] workers
+                       {"kill": True}       SIGKILL the current workers
+                       EOF                  kill the workers and exit
+    zygote -> parent   {"ready": pid}       torch is imported
+                       {"pids": [...]}      the workers started
+                       {"exit": rank, "code": c, "job": j}   a worker of
+                                            request j ended (c < 0: signal)
+
+Each worker connects three times to the parent's Unix socket (stdout, stderr,
+result), joins the gloo group with helpers.dist.init(), calls fn(d, *args) and
+sends back ("ok", value) or ("err", traceback, exception, summary).
+
+Forking is safe because the zygote never runs a torch operation, so no OpenMP or
+intra-op thread pool exists yet; each worker sets its own thread count.
+"""
+
+from __future__ import annotations
+
+import gc
+import linecache
+import os
+import pickle
+import selectors
+import signal
+import socket
+import struct
+import sys
+import traceback
+
+_FRAME = struct.Struct("!I")  # 4-byte length before every control message
+HELLO = 8  # a worker's first bytes on a socket: kind ("o", "e", "r") + rank, 7 digits
+
+
+# --------------------------------------------------------------------------- framing
+
+
+def send(fd: int, obj) -> None:
+    data = pickle.dumps(obj)
+    view = memoryview(_FRAME.pack(len(data)) + data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _read_exact(fd: int, n: int) -> bytes | None:
+    buf = b""
+    while len(buf) < n:
+        chunk = os.read(fd, n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return buf
+
+
+def recv(fd: int):
+    head = _read_exact(fd, _FRAME.size)
+    if head is None:
+        return None
+    return pickle.loads(_read_exact(fd, _FRAME.unpack(head)[0]) or b"")
+
+
+# --------------------------------------------------------------------------- zygote side
+
+
+def _worker(rank: int, req: dict, ctrl: tuple[int, int]) -> None:
+    """Body of one forked rank: wire up output, join the group, run fn, report."""
+    zygote = os.getppid()
+    for fd in ctrl:
+        os.close(fd)  # the zygote's control pipes are not ours
+    os.setpgid(0, 0)  # our own process group: a kill also reaches processes we start
+    status, result, socks = 1, None, {}
+    try:
+        if sys.platform.startswith("linux"):  # die with the zygote, never linger
+            import ctypes
+
+            ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+            if os.getppid() != zygote:  # it died before prctl took effect
+                os._exit(1)
+        for kind in "oer":
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(req["sock"])
+            s.sendall(f"{kind}{rank:07d}".encode())
+            socks[kind] = s
+        # fd 1 and 2 become the sockets, so C++ output (gloo, warnings) is forwarded too.
+        os.dup2(socks["o"].fileno(), 1)
+        os.dup2(socks["e"].fileno(), 2)
+        sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
+        sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
+
+        os.chdir(req["cwd"])
+        os.environ.clear()
+        os.environ.update(req["env"])
+        n = req["world_size"]
+        os.environ.update(
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(n),
+            LOCAL_WORLD_SIZE=str(n),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(req["port"]),
+            OMP_NUM_THREADS=str(req["threads"]),
+        )
+        sys.path[:] = req["path"]
+        linecache.cache.update(req["sources"])
+
+        import cloudpickle
+        import torch
+
+        from helpers import dist
+
+        torch.set_num_threads(req["threads"])
+        fn, args = cloudpickle.loads(req["payload"])
+        d = dist.init(backend=req["backend"], timeout_s=req["timeout"])
+        value = fn(d, *args)
+        # cleanup() waits for every rank first: rank 0 hosts the rendezvous store.
+        dist.cleanup()
+        result, status = ("ok", cloudpickle.dumps(value)), 0
+    except BaseException as e:  # noqa: BLE001 - every failure is reported to the parent
+        # Drop this file's frames: the learner's traceback starts in their function.
+        te = traceback.TracebackException.from_exception(e)
+        te.stack = traceback.StackSummary.from_list(
+            [f for f in te.stack if f.filename != __file__] or te.stack
+        )
+        tb = "".join(te.format())
+        try:
+            import cloudpickle
+
+            exc = cloudpickle.dumps(e)
+        except Exception:  # an exception that cannot travel still has its text
+            exc = None
+        result = ("err", tb, exc, f"{type(e).__name__}: {e}")
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            socks["r"].sendall(pickle.dumps(result))
+        except BaseException:  # noqa: BLE001 - the parent notices the missing result
+            pass
+        os._exit(status)  # skip interpreter teardown: it is the zygote's, not ours
+
+
+def serve() -> None:
+    """The zygote loop: preload torch, then fork workers on request until stdin closes."""
+    # Keep the control pipes off fd 0/1 so forked workers cannot write into them.
+    ctrl_in, ctrl_out = os.dup(0), os.dup(1)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(2, 1)  # a stray print in the zygote goes to stderr, not into the protocol
+
+    import cloudpickle  # noqa: F401  (preloaded for the workers)
+    import torch  # noqa: F401
+    import torch._dynamo  # noqa: F401  (torch.optim optimizers import it lazily: ~2 s per rank)
+    import torch.distributed  # noqa: F401
+    import torch.nn.parallel  # noqa: F401  (DistributedDataParallel)
+    import torch.optim  # noqa: F401
+
+    import helpers.dist  # noqa: F401
+
+    # Move everything imported so far out of the garbage collector's sight. Each rank
+    # calls gc.collect() in dist.cleanup(); without this it would walk the whole
+    # preloaded torch heap (~0.2 s per rank, and 4 ranks share 2 cores).
+    gc.collect()
+    gc.freeze()
+    send(ctrl_out, {"ready": os.getpid()})
+    live: dict[int, tuple[int, int]] = {}  # pid -> (request number, rank)
+    while True:
+        ready = selectors.DefaultSelector()
+        ready.register(ctrl_in, selectors.EVENT_READ)
+        if ready.select(0.02 if live else None):
+            msg = recv(ctrl_in)
+            if msg is None or "kill" in msg:
+                for pid in live:  # each worker leads its own process group
+                    for kill in (os.killpg, os.kill):
+                        try:
+                            kill(pid, signal.SIGKILL)
+                            break
+                        except (ProcessLookupError, PermissionError):
+                            continue
+                if msg is None:  # the parent went away
+                    return
+            elif "spawn" in msg:
+                req = msg["spawn"]
+                for rank in range(req["world_size"]):
+                    pid = os.fork()
+                    if pid == 0:
+                        _worker(rank, req, (ctrl_in, ctrl_out))
+                    live[pid] = (req.get("job", 0), rank)
+                send(ctrl_out, {"pids": list(live)})
+        ready.close()
+        while live:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            job = live.pop(pid, None)
+            if job is not None:
+                code = os.waitstatus_to_exitcode(status)
+                send(ctrl_out, {"exit": job[1], "code": code, "job": job[0]})
+
+
+if __name__ == "__main__":
+    serve()

@@ -1,0 +1,34 @@
+"""Plots used by the notebooks, one module per topic; matplotlib is imported only here.
+
+``common`` (machine_label, new_figure), ``collectives`` (02), ``training`` (01),
+``ddp`` (03); later chapters add their own modules (memory, pipeline, tp, planner).
+The functions of the first chapters are re-exported, so ``viz.plot_scaling(...)``
+works after ``from helpers import viz``.
+"""
+
+from helpers.viz.collectives import (
+    plot_alpha_beta,
+    plot_collective,
+    plot_launch_times,
+    plot_ps_vs_ring,
+    plot_ring_steps,
+)
+from helpers.viz.common import machine_label, new_figure
+from helpers.viz.ddp import plot_bucket_timeline, plot_lr_study, plot_scaling
+from helpers.viz.training import plot_profile, plot_samples, plot_training
+
+__all__ = [
+    "machine_label",
+    "new_figure",
+    "plot_alpha_beta",
+    "plot_bucket_timeline",
+    "plot_collective",
+    "plot_launch_times",
+    "plot_lr_study",
+    "plot_profile",
+    "plot_ps_vs_ring",
+    "plot_ring_steps",
+    "plot_samples",
+    "plot_scaling",
+    "plot_training",
+]

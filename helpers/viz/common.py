@@ -1,0 +1,52 @@
+"""What every figure shares: a 'measured on' footnote and the label of the machine.
+
+Every plotting function of helpers.viz returns the matplotlib Figure (so notebooks
+can save or tweak it) and draws with the Agg-safe API, so papermill and CI render
+figures without a display. Functions that plot measurements take a
+``measured_on`` string printed under the title: a figure that depends on
+hardware says what it was measured on.
+"""
+
+from __future__ import annotations
+
+# No backend is forced: notebooks use the inline backend, headless scripts and
+# CI get Agg from matplotlib's own fallback (tests also set MPLBACKEND=Agg).
+import matplotlib.pyplot as plt
+
+
+def machine_label(backend: str = "gloo", ranks: int | None = None) -> str:
+    """'2-core CPU, gloo, 4 ranks, torch 2.14.1': what a measurement ran on.
+
+    backend: the backend the measurement really used (``d.backend`` of its
+    ranks, e.g. "gloo" for everything launch.spawn runs here, even on a GPU
+    node). GPUs are named only when the backend is nccl, because a gloo
+    measurement on a GPU node moved CPU tensors.
+    """
+    import os
+
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if backend == "nccl" and torch.cuda.is_available():
+        hw = f"{torch.cuda.device_count()}x {torch.cuda.get_device_name(0)}"
+    else:
+        hw = f"{cores}-core CPU"
+    who = f", {ranks} ranks" if ranks else ""
+    return f"{hw}, {backend}{who}, torch {torch.__version__.split('+')[0]}"
+
+
+def new_figure(title: str, measured_on: str | None = None, ncols: int = 1, width: float = 5.5):
+    """A figure with one row of ``ncols`` axes and a 'measured on' footnote."""
+    fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, 3.8), squeeze=False)
+    fig.suptitle(title)
+    if measured_on:
+        fig.text(
+            0.99,
+            0.01,
+            f"measured on {measured_on}",
+            ha="right",
+            va="bottom",
+            fontsize=8,
+            color="0.4",
+        )
+    return fig, list(axes[0])
