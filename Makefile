@@ -44,6 +44,7 @@ labs: setup
 lint: setup
 	$(VENV)/bin/ruff check helpers tests
 	$(VENV)/bin/ruff format --check helpers tests
+	$(VENV)/bin/lint-imports
 
 format: setup
 	$(VENV)/bin/ruff check --fix helpers tests

@@ -4,7 +4,8 @@ Layout::
 
     runs/
       NAME/
-        20261122-101502-3f9a/     one directory per launch, never reused
+        20261122-101502.123456-3f9a/   one directory per launch, never reused;
+                                  names sort in the order the launches started
           program.py              the exact file that ran
           command.txt             the exact command line
           logs/rank0.log ...      per-rank output
@@ -60,12 +61,27 @@ def runs_root() -> Path:
     return (top / "runs") if top else (Path.cwd() / "runs").resolve()
 
 
+def _run_id() -> str:
+    """Local time to the microsecond, then a random suffix: names sort by start time."""
+    now = time.time_ns()
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now // 10**9))
+    return f"{stamp}.{now // 1000 % 10**6:06d}-{secrets.token_hex(2)}"
+
+
 def new_run_dir(name: str, root: Path | None = None) -> Path:
-    """Create ``runs/NAME/<timestamp>-<random>/``; an existing directory is never reused."""
+    """Create ``runs/NAME/<time>-<random>/``; an existing directory is never reused.
+
+    The new name sorts after every earlier launch of NAME (list_runs relies on it),
+    even when two launches start within the same second.
+    """
     base = (root or runs_root()) / check_name(name)
     base.mkdir(parents=True, exist_ok=True)
-    for _ in range(100):
-        run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+    latest = max((p.name for p in _run_dirs(base)), default="")
+    for _ in range(1000):
+        run_id = _run_id()
+        if run_id[:22] <= latest[:22]:  # same microsecond, or the clock stepped back
+            time.sleep(1e-5)
+            continue
         path = base / run_id
         try:
             path.mkdir()  # exist_ok=False: this is the no-overwrite guarantee
@@ -75,12 +91,16 @@ def new_run_dir(name: str, root: Path | None = None) -> Path:
     raise RuntimeError(f"could not create a fresh run directory under {base}")
 
 
+def _run_dirs(base: Path) -> list[Path]:
+    return [p for p in base.iterdir() if p.is_dir() and p.name[:1].isdigit()]
+
+
 def list_runs(name: str, root: Path | None = None) -> list[Path]:
     """Earlier launches of NAME, oldest first."""
     base = (root or runs_root()) / check_name(name)
     if not base.is_dir():
         return []
-    return sorted(p for p in base.iterdir() if p.is_dir() and p.name[:1].isdigit())
+    return sorted(_run_dirs(base), key=lambda p: p.name)
 
 
 def write_metrics(metrics: dict, path: str | os.PathLike | None = None) -> Path | None:

@@ -95,25 +95,32 @@ def _check(spec: JobSpec) -> None:
     for what, n in (("nodes", spec.nodes), ("gpus_per_node", spec.gpus_per_node)):
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"{what} must be a whole number >= 1, got {n!r}")
-    top = spec.profile.max_gpus_per_node
+    top, _ = spec.profile.node_facts(spec.values)
     if spec.gpus_per_node > top:
         raise ValueError(
-            f"profile {spec.profile.name!r} has at most {top} GPUs per node, asked for "
+            f"profile {spec.profile.name!r} ({_variant_note(spec)}) has at most {top} GPUs "
+            f"per node, asked for "
             f"{spec.gpus_per_node}: use more nodes (nodes={-(-spec.gpus_per_node // top)}, "
             f"gpus_per_node={top})"
         )
 
 
+def _variant_note(spec: JobSpec) -> str:
+    keys = sorted(spec.profile.variants)
+    return ", ".join(f"{k}={spec.values.get(k)}" for k in keys) or "its nodes"
+
+
 def _directives(spec: JobSpec) -> list[dict]:
     """The #SBATCH lines: resources first, then the profile's own lines."""
     p, g = spec.profile, spec.gpus_per_node
+    _, cpus_per_gpu = p.node_facts(spec.values)
     typed = f"{spec.values['gpu_type']}:{g}" if spec.values.get("gpu_type") else str(g)
     gpu_values = {**spec.values, "gpus": str(g), "typed_gpus": typed}
     lines = [
         (f"--job-name={spec.name}", ""),
         (f"--nodes={spec.nodes}", ""),
         ("--ntasks-per-node=1", "one launcher per node: python or torchrun starts the ranks"),
-        (f"--cpus-per-task={p.cpus_per_gpu * g}", f"{p.cpus_per_gpu} CPU(s) per GPU rank"),
+        (f"--cpus-per-task={cpus_per_gpu * g}", f"{cpus_per_gpu} CPU(s) per GPU rank"),
         (p.fill(p.gpu_request, gpu_values, quote=False), f"{g} GPU(s) on each node"),
         (f"--time={spec.time}", "wall-clock limit: the job is killed after it"),
         ("--output=slurm-%j.out", "stdout and stderr, relative to the submit directory"),

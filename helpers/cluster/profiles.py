@@ -89,6 +89,19 @@ class Profile:
     setup: tuple[str, ...] = ()
     directives: tuple[Directive, ...] = ()
     fields: dict = field(default_factory=dict)
+    # Node facts that follow a field's value: {"arch": {"a100": {"cpus_per_gpu": 8, ...}}}
+    variants: dict = field(default_factory=dict)
+
+    def node_facts(self, values: dict[str, str]) -> tuple[int, int]:
+        """(max GPUs per node, CPUs per GPU) for these field values.
+
+        A ``[variant.FIELD.VALUE]`` table of the profile overrides the defaults, so
+        a GPU type chosen by a field brings its own node shape with it.
+        """
+        facts = {"max_gpus_per_node": self.max_gpus_per_node, "cpus_per_gpu": self.cpus_per_gpu}
+        for key, by_value in self.variants.items():
+            facts.update(by_value.get(values.get(key), {}))
+        return int(facts["max_gpus_per_node"]), int(facts["cpus_per_gpu"])
 
     @property
     def text(self) -> str:
@@ -173,6 +186,14 @@ def load_profile(name: str) -> Profile:
     for key in ("name", "gpu_request"):
         if key not in raw:
             raise ProfileError(f"profile file {path} lacks the required key {key!r}")
+    variants = raw.get("variant", {})
+    for key, by_value in variants.items():
+        bad = {k for v in by_value.values() for k in v} - {"max_gpus_per_node", "cpus_per_gpu"}
+        if key not in raw.get("fields", {}) or bad:
+            raise ProfileError(
+                f"{path}: [variant.{key}.*] must name a field of the profile and set only "
+                f"max_gpus_per_node / cpus_per_gpu (found {sorted(bad) or key!r})"
+            )
     directives = []
     for d in raw.get("directive", []):
         if not str(d.get("flag", "")).startswith("-"):
@@ -188,4 +209,5 @@ def load_profile(name: str) -> Profile:
         setup=tuple(raw.get("setup", ())),
         directives=tuple(directives),
         fields=dict(raw.get("fields", {})),
+        variants=variants,
     )

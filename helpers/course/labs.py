@@ -12,21 +12,7 @@ is found by listing ``solutions/``, so a new lab needs no registration::
 (with the checkout's ``nbgrader_config.py``), normalises the notebooks so the
 output is byte-for-byte deterministic, and replaces ``labs/<lab>/``.
 
-The wrong-answer file
----------------------
-The grading tests submit three fake students per lab: the untouched release
-(must score 0), the solution (full marks) and a plausible wrong answer (strictly
-in between). The wrong answer lives next to the solution in
-``solutions/<lab>/wrong_answers.py`` (never released: nbgrader_config.py ignores
-it). It is plain Python split into cells by header lines::
-
-    # %% cell: mean_on_ranks
-    def mean_on_ranks(d, data):
-        ...                       # the whole replacement source of that cell
-
-Each ``cell:`` names the ``grade_id`` of a solution cell; the text up to the
-next header replaces that cell's source. Solution cells not named keep the
-solution. Lines before the first header are comments for the reader.
+Grading (fake students, wrong answers, autograde) is helpers.course.grading.
 """
 
 from __future__ import annotations
@@ -34,7 +20,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -45,10 +30,6 @@ import nbformat
 
 from helpers.runs import workbook_root
 
-WRONG_ANSWERS = "wrong_answers.py"
-STUDENTS = ("release", "solution", "wrong")  # fake students of the grading round trip
-_CELL_HEADER = re.compile(r"^# %% cell: *(\S+) *$", re.MULTILINE)
-_SOLUTION_MARKER = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION[ \t]*\n?", re.MULTILINE)
 # Cell metadata that editors add and that says nothing about the lab.
 _TRANSIENT_CELL_KEYS = ("execution", "ExecuteTime", "collapsed", "scrolled", "papermill")
 _KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
@@ -72,7 +53,7 @@ def notebooks(lab_dir: Path) -> list[Path]:
 
 
 @contextlib.contextmanager
-def _venv_on_path():
+def venv_on_path():
     """Put this interpreter's bin/ first on PATH for a while.
 
     nbgrader's Gradebook shells out to ``alembic``, installed next to the
@@ -89,7 +70,7 @@ def _venv_on_path():
 def nbgrader(args: list[str], cwd: Path, timeout: float = 1800) -> str:
     """Run an nbgrader command in ``cwd``; return its output, raise with it on failure."""
     cmd = [sys.executable, "-m", "nbgrader", *args]
-    with _venv_on_path():
+    with venv_on_path():
         proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
     out = proc.stdout + proc.stderr
     if proc.returncode != 0:
@@ -193,104 +174,6 @@ def out_of_sync(root: Path | None = None) -> list[str]:
     return problems
 
 
-# --------------------------------------------------------------------------- grading round trip
-
-
-def wrong_answers(lab_dir: Path) -> dict[str, str]:
-    """The cell replacements of ``<lab_dir>/wrong_answers.py`` (format in the module docstring)."""
-    path = Path(lab_dir) / WRONG_ANSWERS
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{path} is missing: add a plausible wrong answer for this lab "
-            "(format: see the docstring of helpers/labs.py)"
-        )
-    parts = _CELL_HEADER.split(path.read_text())
-    if len(parts) < 3:
-        raise ValueError(f"{path} has no '# %% cell: <grade_id>' header line")
-    # parts = [preamble, id1, body1, id2, body2, ...]
-    return {cid: body.strip("\n") for cid, body in zip(parts[1::2], parts[2::2], strict=True)}
-
-
-def solution_source(source: str) -> str:
-    """A solution cell as a learner who found the answer would type it (markers removed)."""
-    return _SOLUTION_MARKER.sub("", source).rstrip("\n")
-
-
-def fill_in(
-    released: nbformat.NotebookNode, solution: nbformat.NotebookNode, replacements: dict[str, str]
-) -> nbformat.NotebookNode:
-    """The released notebook with every solution cell answered: from ``replacements``
-    when it names the cell's grade_id, otherwise with the solution."""
-    answers = {
-        c.metadata["nbgrader"]["grade_id"]: solution_source(c.source)
-        for c in solution.cells
-        if c.metadata.get("nbgrader", {}).get("solution")
-    }
-    out = nbformat.from_dict(released)
-    for cell in out.cells:
-        meta = cell.metadata.get("nbgrader", {})
-        if meta.get("solution"):
-            cell.source = replacements.get(meta["grade_id"], answers[meta["grade_id"]])
-    return out
-
-
-def submit_fake_students(course: Path, lab: str) -> None:
-    """Write submitted/{release,solution,wrong}/<lab>/ into a course with a generated release."""
-    course = Path(course)
-    wrong = wrong_answers(course / "solutions" / lab)
-    used: set[str] = set()
-    for src in notebooks(course / "solutions" / lab):
-        released = nbformat.read(course / "labs" / lab / src.name, as_version=4)
-        solution = nbformat.read(src, as_version=4)
-        meta = [c.metadata.get("nbgrader", {}) for c in released.cells]
-        used |= {m["grade_id"] for m in meta if m.get("solution")} & set(wrong)
-        versions = {
-            "release": released,
-            "solution": fill_in(released, solution, {}),
-            "wrong": fill_in(released, solution, wrong),
-        }
-        for student, nb in versions.items():
-            path = course / "submitted" / student / lab / src.name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            nbformat.write(nb, path)
-    if unknown := set(wrong) - used:
-        raise ValueError(
-            f"solutions/{lab}/{WRONG_ANSWERS} names cells {sorted(unknown)} that are not "
-            f"solution cells of {lab}: use the grade_id of a cell with '### BEGIN SOLUTION'"
-        )
-
-
-def autograde(course: Path, lab: str) -> dict[str, tuple[float, float]]:
-    """Autograde every submission of ``lab`` in one nbgrader call; (score, max) per student."""
-    from nbgrader.api import Gradebook
-
-    nbgrader(["autograde", lab, "--force"], cwd=course)
-    db = f"sqlite:///{Path(course).resolve() / 'gradebook.db'}"
-    with _venv_on_path(), Gradebook(db) as gb:
-        scores = {}
-        for sub in gb.assignment_submissions(lab):
-            scores[sub.student.id] = (sub.score, sub.max_score)
-    return scores
-
-
-def roundtrip(lab: str, workdir: Path, root: Path | None = None) -> dict[str, tuple[float, float]]:
-    """Release, submit the three fake students and autograde them, in ``workdir``."""
-    course = make_course(Path(workdir), root)
-    generate(course, lab)
-    submit_fake_students(course, lab)
-    return autograde(course, lab)
-
-
-def validate(notebook: Path, invert: bool = False) -> tuple[bool, str]:
-    """``nbgrader validate [--invert]``: (passed, output). nbgrader exits 0 either way."""
-    nb = Path(notebook).resolve()
-    args = ["validate", *(["--invert"] if invert else []), str(nb)]
-    # Run from the checkout so its nbgrader_config.py (cell timeout) applies.
-    out = nbgrader(args, cwd=workbook_root(nb.parent) or nb.parent)
-    ok = "Success!" in out and "FAILED" not in out and "NOTEBOOK PASSED" not in out
-    return ok, out
-
-
 # --------------------------------------------------------------------------- CLI
 
 
@@ -301,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("release", help="regenerate labs/ from solutions/")
     sub.add_parser("check", help="exit 1 if labs/ differs from a fresh release")
-    rt = sub.add_parser("roundtrip", help="autograde release/solution/wrong answer of a lab")
+    rt = sub.add_parser("roundtrip", help="autograde release/solution/wrong answers of a lab")
     rt.add_argument("lab", nargs="?", help="one lab (default: every lab)")
     args = ap.parse_args(argv)
 
@@ -316,13 +199,15 @@ def main(argv: list[str] | None = None) -> int:
         if problems:
             print("labs/ is out of date: run `python -m helpers.course.labs release`")
         return 1 if problems else 0
+    from helpers.course.grading import roundtrip
+
     labs = [args.lab] if args.lab else lab_names()
     for lab in labs:
         if lab not in lab_names():
             ap.error(f"no lab {lab!r} in solutions/; labs: {', '.join(lab_names())}")
         with tempfile.TemporaryDirectory(prefix=f"roundtrip-{lab}-") as tmp:
             for student, (score, max_score) in sorted(roundtrip(lab, Path(tmp)).items()):
-                print(f"{lab:12s} {student:10s} {score:6.1f} / {max_score:.1f}")
+                print(f"{lab:12s} {student:28s} {score:6.1f} / {max_score:.1f}")
     return 0
 
 

@@ -144,6 +144,9 @@ def _resample(x, y, n, gen, what):
     src = torch.randint(len(y), (extra,), generator=gen)
     shifts = torch.randint(-3, 4, (extra, 2), generator=gen)
     copies = torch.stack(
-        [torch.roll(x[i], shifts=(int(dy), int(dx)), dims=(1, 2)) for i, (dy, dx) in zip(src, shifts)]
+        [
+            torch.roll(x[i], shifts=(int(dy), int(dx)), dims=(1, 2))
+            for i, (dy, dx) in zip(src, shifts, strict=True)
+        ]
     )  # the digit sits in a 4-pixel empty border, so a roll of <= 3 never wraps ink around
     return torch.cat([x, copies]), torch.cat([y, y[src]])

@@ -106,7 +106,6 @@ class Pool:
                 raise
 
     def _run(self, payload, world_size, port, threads, backend, timeout) -> list:
-        proc = self._proc
         tmp = tempfile.mkdtemp(prefix="wb-spawn-")
         path = os.path.join(tmp, "s")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -117,65 +116,14 @@ class Pool:
         job.id = self._jobs
         sel = selectors.DefaultSelector()
         sel.register(listener, selectors.EVENT_READ, "accept")
-        sel.register(proc.stdout, selectors.EVENT_READ, "zygote")
-        req = dict(
-            job=job.id,
-            sock=path,
-            world_size=world_size,
-            port=port,
-            threads=threads,
-            backend=backend,
-            timeout=timeout,
-            payload=payload,
-            cwd=os.getcwd(),
-            env=dict(os.environ),
-            path=list(sys.path),
-            # Source of notebook cells (not files on disk), so tracebacks show the lines.
-            sources={k: v for k, v in linecache.cache.items() if len(v) == 4 and v[1] is None},
-        )
-        deadline = time.monotonic() + timeout
+        sel.register(self._proc.stdout, selectors.EVENT_READ, "zygote")
+        request = _request(job.id, path, world_size, port, threads, backend, timeout, payload)
         try:
-            send(proc.stdin.fileno(), {"spawn": req})
-            while not job.finished():
-                if len(job.exits) == world_size:
-                    # Everyone is gone: their connections are queued, accept them all.
-                    listener.setblocking(False)
-                    while True:
-                        try:
-                            self._on_ready(sel.get_key(listener), sel, job)
-                        except BlockingIOError:
-                            break
-                    if job.finished():
-                        break
-                if job.first_failure and not job.killed:
-                    # A rank that only saw its peer vanish is not the story: give the
-                    # rank that actually failed half a second to report first.
-                    grace = 0 if job.own_failure() else 0.5
-                    if time.monotonic() >= job.first_failure + grace:
-                        send(proc.stdin.fileno(), {"kill": True})
-                        job.killed, deadline = True, min(deadline, time.monotonic() + 5)
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                for key, _ in sel.select(min(left, 0.1)):
-                    self._on_ready(key, sel, job)
-            if not job.finished():  # timed out, or workers did not die when asked
-                job.timed_out = not job.killed
-                job.killed = True
-                send(proc.stdin.fileno(), {"kill": True})
-            # Workers have exited: read what is still in flight on their output sockets.
-            end = time.monotonic() + 1.0
-            while time.monotonic() < end and any(
-                isinstance(k.data, tuple) for k in sel.get_map().values()
-            ):
-                for key, _ in sel.select(0.1):
-                    if isinstance(key.data, tuple):
-                        self._on_ready(key, sel, job)
+            send(self._proc.stdin.fileno(), {"spawn": request})
+            self._wait(job, sel, listener, time.monotonic() + timeout)
+            self._read_remaining_output(job, sel)
         except BaseException:  # KeyboardInterrupt included: never leave ranks behind
-            try:
-                send(proc.stdin.fileno(), {"kill": True})
-            except OSError:
-                pass
+            self._kill_workers()
             raise
         finally:
             job.flush_output()
@@ -187,23 +135,55 @@ class Pool:
             os.rmdir(tmp)
             if not job.finished():
                 self._drain_exits(job)
-        cause = job.root_cause()
-        if cause and cause[0] == "error":
-            _, rank, tb, exc, summary = cause
-            raise RankFailure(rank, summary, tb, original=loads_or_none(exc))
-        if cause:
-            _, rank, code = cause
-            raise RankFailure(rank, f"the process exited with code {code} without a result", "")
-        if not job.complete():
-            missing = [r for r in range(world_size) if r not in job.values]
-            raise RankFailure(
-                missing[0] if len(missing) == 1 else None,  # one straggler is named
-                f"timed out after {timeout:g} s; ranks {missing} had not returned "
-                "(a collective that not every rank calls waits forever: check that all "
-                "ranks make the same collective calls in the same order)",
-                "",
-            )
-        return [pickle.loads(job.values[r]) for r in range(world_size)]
+        return _outcome(job, timeout)
+
+    def _kill_workers(self) -> None:
+        try:
+            send(self._proc.stdin.fileno(), {"kill": True})
+        except OSError:
+            pass
+
+    def _wait(self, job: SpawnJob, sel, listener, deadline: float) -> None:
+        """Relay output and results until every worker exited, one failed, or time is up."""
+        while not job.finished():
+            if len(job.exits) == job.n:
+                # Everyone is gone: their connections are queued, accept them all.
+                listener.setblocking(False)
+                while True:
+                    try:
+                        self._on_ready(sel.get_key(listener), sel, job)
+                    except BlockingIOError:
+                        break
+                if job.finished():
+                    break
+            if job.first_failure and not job.killed:
+                # A rank that only saw its peer vanish is not the story: give the rank
+                # that actually failed half a second to report first. After a rank's own
+                # error, wait briefly for the others, so "all 4 ranks raised X" can be said.
+                grace = 0.3 if job.own_failure() else 0.5
+                reported = len(job.errors) + len(job.values) + len(job.crashes)
+                if reported >= job.n or time.monotonic() >= job.first_failure + grace:
+                    self._kill_workers()
+                    job.killed, deadline = True, min(deadline, time.monotonic() + 5)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            for key, _ in sel.select(min(left, 0.1)):
+                self._on_ready(key, sel, job)
+        if not job.finished():  # timed out, or workers did not die when asked
+            job.timed_out = not job.killed
+            job.killed = True
+            self._kill_workers()
+
+    def _read_remaining_output(self, job: SpawnJob, sel) -> None:
+        """Workers have exited: read what is still in flight on their output sockets."""
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end and any(
+            isinstance(k.data, tuple) for k in sel.get_map().values()
+        ):
+            for key, _ in sel.select(0.1):
+                if isinstance(key.data, tuple):
+                    self._on_ready(key, sel, job)
 
     def _on_ready(self, key, sel, job) -> None:
         if key.data == "accept":
@@ -250,6 +230,46 @@ class Pool:
             self._proc.kill()
             self._proc.wait()
             self._proc = None
+
+
+def _request(job_id, sock, world_size, port, threads, backend, timeout, payload) -> dict:
+    """What the zygote needs to fork the ranks of one spawn() call."""
+    return dict(
+        job=job_id,
+        sock=sock,
+        world_size=world_size,
+        port=port,
+        threads=threads,
+        backend=backend,
+        timeout=timeout,
+        payload=payload,
+        cwd=os.getcwd(),
+        env=dict(os.environ),
+        path=list(sys.path),
+        # Source of notebook cells (not files on disk), so tracebacks show the lines.
+        sources={k: v for k, v in linecache.cache.items() if len(v) == 4 and v[1] is None},
+    )
+
+
+def _outcome(job: SpawnJob, timeout: float) -> list:
+    """Every rank's return value, or the RankFailure that tells the learner what went wrong."""
+    cause = job.root_cause()
+    if cause and cause[0] == "error":
+        _, rank, tb, exc, summary = cause
+        raise RankFailure(rank, summary, tb, original=loads_or_none(exc), **job.failure_census())
+    if cause:
+        _, rank, code = cause
+        raise RankFailure(rank, f"the process exited with code {code} without a result", "")
+    if not job.complete():
+        missing = [r for r in range(job.n) if r not in job.values]
+        raise RankFailure(
+            missing[0] if len(missing) == 1 else None,  # one straggler is named
+            f"timed out after {timeout:g} s; ranks {missing} had not returned "
+            "(a collective that not every rank calls waits until the timeout: check that "
+            "all ranks make the same collective calls in the same order)",
+            "",
+        )
+    return [pickle.loads(job.values[r]) for r in range(job.n)]
 
 
 _POOL: Pool | None = None

@@ -23,20 +23,66 @@ class RankFailure(RuntimeError):
     """A rank of a run() or spawn() failed; the message names it and carries its traceback.
 
     Attributes: rank (int or None), summary (one line), remote_traceback (str),
-    original (the rank's exception object when it could be sent back, else None).
+    original (the rank's exception object when it could be sent back, else None),
+    failed (every rank that raised an error of its own), world_size (when known).
+
+    In a notebook, IPython shows ``_render_traceback_()``: the rank's own
+    traceback first, without the launcher's frames, under one line saying which
+    ranks failed (all 4 raised the same error, or ranks 1 and 3 failed and the
+    others were stopped).
     """
 
-    def __init__(self, rank, summary: str, remote_traceback: str = "", original=None):
+    def __init__(
+        self,
+        rank,
+        summary: str,
+        remote_traceback: str = "",
+        original=None,
+        failed: list[int] | None = None,
+        world_size: int | None = None,
+    ):
         self.rank, self.summary = rank, summary
         self.remote_traceback, self.original = remote_traceback, original
-        who = f"rank {rank}" if rank is not None else "the run"
-        text = f"{who} failed: {summary}"
+        self.failed = sorted(failed) if failed else ([rank] if rank is not None else [])
+        self.world_size = world_size
+        text = self.headline()
         if remote_traceback:
-            text += f"\n\n--- traceback from {who} ---\n{remote_traceback.rstrip()}"
+            text += f"\n\n--- traceback from {self._who()} ---\n{remote_traceback.rstrip()}"
         super().__init__(text)
 
+    def _who(self) -> str:
+        return f"rank {self.rank}" if self.rank is not None else "the run"
+
+    def headline(self) -> str:
+        """One line: which ranks failed with what, and which were stopped."""
+        n, failed = self.world_size, self.failed
+        kind = self.summary.split(":", 1)[0]
+        if n and len(failed) == n and n > 1:
+            return f"all {n} ranks raised {kind} (rank {self.rank} shown): {self.summary}"
+        if len(failed) > 1:
+            who = ", ".join(map(str, failed))
+            stopped = [r for r in range(n) if r not in failed] if n else []
+            tail = f"; ranks {', '.join(map(str, stopped))} were stopped" if stopped else ""
+            return f"ranks {who} failed (rank {self.rank} shown){tail}: {self.summary}"
+        stopped = f"; the other {n - 1} rank(s) were stopped" if n and n > 1 else ""
+        return f"{self._who()} failed{stopped}: {self.summary}"
+
+    def _render_traceback_(self) -> list[str]:
+        """What IPython prints: the headline, then the rank's own traceback only."""
+        lines = [f"RankFailure: {self.headline()}"]
+        if self.remote_traceback:
+            lines += [
+                "",
+                f"Traceback from {self._who()}:",
+                *self.remote_traceback.rstrip().splitlines(),
+            ]
+        return lines
+
     def __reduce__(self):  # picklable, so it survives crossing processes itself
-        return (type(self), (self.rank, self.summary, self.remote_traceback))
+        return (
+            type(self),
+            (self.rank, self.summary, self.remote_traceback, None, self.failed, self.world_size),
+        )
 
 
 @dataclass

@@ -94,6 +94,13 @@ class SpawnJob:
             return ("error", *self.late_errors[0])
         return None
 
+    def failure_census(self) -> dict:
+        """Which ranks failed by themselves (not because a peer vanished), for RankFailure."""
+        own = sorted(
+            {e[0] for e in [*self.errors, *self.late_errors] if not PEER_ERROR.search(e[1])}
+        )
+        return {"failed": own, "world_size": self.n}
+
     def complete(self) -> bool:
         return len(self.values) == self.n
 

@@ -29,13 +29,50 @@ _AGENT_SAW_FAILURE = re.compile(r"failed \(exitcode|closing signal SIG")
 GRACE_S = 10  # after a worker failed, seconds torchrun gets to stop the others itself
 
 
-def supervise(cmd, env, nproc, run_dir: Path, timeout, stream) -> RunResult:
-    """Start torchrun, relay its tagged output, stop it on failure or timeout."""
-    start = time.monotonic()
+class _Relay:
+    """Splits torchrun's tagged output back per rank: logs, live echo, tracebacks."""
+
+    def __init__(self, nproc: int, run_dir: Path, stream: bool):
+        self.stream = stream
+        self.rank_logs = {r: open(run_dir / "logs" / f"rank{r}.log", "w") for r in range(nproc)}
+        self.agent_log = open(run_dir / "logs" / "torchrun.log", "w")
+        self.lines: dict[int, list[str]] = {r: [] for r in range(nproc)}
+        self.errs: dict[int, list[str]] = {r: [] for r in range(nproc)}
+        self.first_tb: list[int] = []  # ranks in the order their tracebacks began
+        self.failed_at: float | None = None  # when torchrun reported a failed worker
+        self.agent: list[str] = []
+
+    def line(self, line: str, is_err: bool) -> None:
+        m = _PREFIX.match(line)
+        if not m or int(m.group(1)) not in self.lines:
+            self.agent.append(line)
+            if _AGENT_SAW_FAILURE.search(line) and self.failed_at is None:
+                self.failed_at = time.monotonic()
+            self.agent_log.write(line + "\n")
+            return
+        r, text = int(m.group(1)), m.group(2)
+        if text.startswith(f"[rank{r}]: "):  # torch tags error lines itself
+            text = text[len(f"[rank{r}]: ") :]
+        self.lines[r].append(text)
+        self.rank_logs[r].write(text + "\n")
+        self.rank_logs[r].flush()
+        if is_err:
+            self.errs[r].append(text)
+            if text.startswith("Traceback (most recent call last)") and r not in self.first_tb:
+                self.first_tb.append(r)
+        if self.stream:
+            print(f"[rank{r}] {text}", file=sys.stderr if is_err else sys.stdout, flush=True)
+
+    def close(self) -> None:
+        for f in (*self.rank_logs.values(), self.agent_log):
+            f.close()
+
+
+def _start(cmd, env) -> subprocess.Popen:
     # torchrun runs under helpers.launch.reaper, in a session of its own: the reaper
     # stops every rank when we ask (timeout, Ctrl-C) and when this process dies,
     # because then its stdin pipe closes.
-    proc = subprocess.Popen(
+    return subprocess.Popen(
         [sys.executable, "-m", "helpers.launch.reaper", "--", *cmd],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -43,49 +80,26 @@ def supervise(cmd, env, nproc, run_dir: Path, timeout, stream) -> RunResult:
         env=env,
         start_new_session=True,
     )
-    rank_logs = {r: open(run_dir / "logs" / f"rank{r}.log", "w") for r in range(nproc)}
-    agent_log = open(run_dir / "logs" / "torchrun.log", "w")
-    lines: dict[int, list[str]] = {r: [] for r in range(nproc)}
-    errs: dict[int, list[str]] = {r: [] for r in range(nproc)}
-    first_tb: list[int] = []  # ranks in the order their tracebacks began
-    failed_at: list[float] = []  # when torchrun reported a failed worker
-    agent: list[str] = []
+
+
+def _pump(proc: subprocess.Popen, relay: _Relay, deadline: float) -> bool:
+    """Relay output until torchrun's pipes close; stop it on failure or timeout.
+
+    Returns True when the timeout stopped the run.
+    """
     sel = selectors.DefaultSelector()
     partial = {proc.stdout: b"", proc.stderr: b""}
     for f in partial:
         sel.register(f, selectors.EVENT_READ)
-
-    def handle(line: str, is_err: bool) -> None:
-        m = _PREFIX.match(line)
-        if not m or int(m.group(1)) not in lines:
-            agent.append(line)
-            if _AGENT_SAW_FAILURE.search(line) and not failed_at:
-                failed_at.append(time.monotonic())
-            agent_log.write(line + "\n")
-            return
-        r, text = int(m.group(1)), m.group(2)
-        if text.startswith(f"[rank{r}]: "):  # torch tags error lines itself
-            text = text[len(f"[rank{r}]: ") :]
-        lines[r].append(text)
-        rank_logs[r].write(text + "\n")
-        rank_logs[r].flush()
-        if is_err:
-            errs[r].append(text)
-            if text.startswith("Traceback (most recent call last)") and r not in first_tb:
-                first_tb.append(r)
-        if stream:
-            print(f"[rank{r}] {text}", file=sys.stderr if is_err else sys.stdout, flush=True)
-
     timed_out = False
-    stop_at = start + timeout
     try:
         while sel.get_map():
-            if failed_at:  # a rank died: torchrun stops the rest; never wait long for it
-                stop_at = min(stop_at, failed_at[0] + GRACE_S)
-            if time.monotonic() > stop_at:
-                timed_out = not failed_at
+            if relay.failed_at is not None:  # torchrun stops the rest; never wait long
+                deadline = min(deadline, relay.failed_at + GRACE_S)
+            if time.monotonic() > deadline:
+                timed_out = relay.failed_at is None
                 _kill_tree(proc)
-                stop_at = float("inf")
+                deadline = float("inf")
             for key, _ in sel.select(0.2):
                 data = os.read(key.fileobj.fileno(), 1 << 16)
                 if not data:
@@ -93,22 +107,31 @@ def supervise(cmd, env, nproc, run_dir: Path, timeout, stream) -> RunResult:
                     data = b"\n" if partial[key.fileobj] else b""
                 *done, partial[key.fileobj] = (partial[key.fileobj] + data).split(b"\n")
                 for raw in done:
-                    handle(raw.decode("utf-8", "replace"), key.fileobj is proc.stderr)
+                    relay.line(raw.decode("utf-8", "replace"), key.fileobj is proc.stderr)
+    finally:
+        sel.close()
+    return timed_out
+
+
+def supervise(cmd, env, nproc, run_dir: Path, timeout, stream) -> RunResult:
+    """Start torchrun, relay its tagged output, stop it on failure or timeout."""
+    start = time.monotonic()
+    proc = _start(cmd, env)
+    relay = _Relay(nproc, run_dir, stream)
+    try:
+        timed_out = _pump(proc, relay, start + timeout)
         returncode = proc.wait()
         proc.stdin.close()
     except BaseException:  # KeyboardInterrupt in the notebook: stop every rank
         _kill_tree(proc)
         raise
     finally:
-        sel.close()
-        for f in (*rank_logs.values(), agent_log):
-            f.close()
-    wall = time.monotonic() - start
+        relay.close()
     ok = returncode == 0 and not timed_out
-    failed_rank, tb = (None, "") if ok else _root_cause(errs, first_tb, agent)
+    failed_rank, tb = (None, "") if ok else _root_cause(relay.errs, relay.first_tb, relay.agent)
     if not ok and not tb and stream:
         # No rank printed a traceback (bad torchrun arguments, a crash): show torchrun's words.
-        print("\n".join(agent[-30:]), file=sys.stderr, flush=True)
+        print("\n".join(relay.agent[-30:]), file=sys.stderr, flush=True)
     if timed_out and stream:
         print(f"[launch] stopped every rank after the {timeout:g} s timeout", file=sys.stderr)
     return RunResult(
@@ -116,11 +139,11 @@ def supervise(cmd, env, nproc, run_dir: Path, timeout, stream) -> RunResult:
         returncode=returncode,
         run_dir=run_dir,
         command=cmd,
-        wall_time=wall,
-        logs={r: "\n".join(v) for r, v in lines.items()},
+        wall_time=time.monotonic() - start,
+        logs={r: "\n".join(v) for r, v in relay.lines.items()},
         metrics=runs.read_metrics(run_dir / "metrics.json"),
         failed_rank=failed_rank,
-        traceback=tb or "\n".join(agent[-30:]),
+        traceback=tb or "\n".join(relay.agent[-30:]),
         timed_out=timed_out,
     )
 

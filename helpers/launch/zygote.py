@@ -67,6 +67,84 @@ def recv(fd: int):
 # --------------------------------------------------------------------------- zygote side
 
 
+def _die_with_zygote(zygote: int) -> None:
+    if sys.platform.startswith("linux"):  # die with the zygote, never linger
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() != zygote:  # it died before prctl took effect
+            os._exit(1)
+
+
+def _wire_output(rank: int, sock_path: str) -> dict:
+    """Connect the three sockets (stdout, stderr, result); fd 1 and 2 become the first two.
+
+    Replacing the file descriptors (not just sys.stdout) forwards C++ output too:
+    gloo's messages and torch's warnings.
+    """
+    socks = {}
+    for kind in "oer":
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(sock_path)
+        s.sendall(f"{kind}{rank:07d}".encode())
+        socks[kind] = s
+    os.dup2(socks["o"].fileno(), 1)
+    os.dup2(socks["e"].fileno(), 2)
+    sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
+    sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
+    return socks
+
+
+def _become_rank(rank: int, req: dict) -> None:
+    """The caller's directory, environment and sys.path, plus torchrun's rank variables."""
+    os.chdir(req["cwd"])
+    os.environ.clear()
+    os.environ.update(req["env"])
+    n = req["world_size"]
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(n),
+        LOCAL_WORLD_SIZE=str(n),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(req["port"]),
+        OMP_NUM_THREADS=str(req["threads"]),
+    )
+    sys.path[:] = req["path"]
+    linecache.cache.update(req["sources"])
+
+
+def _call(req: dict):
+    """Join the group, run fn(d, *args), leave the group; fn's return value."""
+    import cloudpickle
+    import torch
+
+    from helpers import dist
+
+    torch.set_num_threads(req["threads"])
+    fn, args = cloudpickle.loads(req["payload"])
+    d = dist.init(backend=req["backend"], timeout_s=req["timeout"])
+    value = fn(d, *args)
+    # cleanup() waits for every rank first: rank 0 hosts the rendezvous store.
+    dist.cleanup()
+    return cloudpickle.dumps(value)
+
+
+def _error_report(e: BaseException) -> tuple:
+    """("err", traceback without this file's frames, pickled exception or None, summary)."""
+    te = traceback.TracebackException.from_exception(e)
+    te.stack = traceback.StackSummary.from_list(
+        [f for f in te.stack if f.filename != __file__] or te.stack
+    )
+    try:
+        import cloudpickle
+
+        exc = cloudpickle.dumps(e)
+    except Exception:  # an exception that cannot travel still has its text
+        exc = None
+    return ("err", "".join(te.format()), exc, f"{type(e).__name__}: {e}")
+
+
 def _worker(rank: int, req: dict, ctrl: tuple[int, int]) -> None:
     """Body of one forked rank: wire up output, join the group, run fn, report."""
     zygote = os.getppid()
@@ -75,65 +153,12 @@ def _worker(rank: int, req: dict, ctrl: tuple[int, int]) -> None:
     os.setpgid(0, 0)  # our own process group: a kill also reaches processes we start
     status, result, socks = 1, None, {}
     try:
-        if sys.platform.startswith("linux"):  # die with the zygote, never linger
-            import ctypes
-
-            ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-            if os.getppid() != zygote:  # it died before prctl took effect
-                os._exit(1)
-        for kind in "oer":
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            s.connect(req["sock"])
-            s.sendall(f"{kind}{rank:07d}".encode())
-            socks[kind] = s
-        # fd 1 and 2 become the sockets, so C++ output (gloo, warnings) is forwarded too.
-        os.dup2(socks["o"].fileno(), 1)
-        os.dup2(socks["e"].fileno(), 2)
-        sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
-        sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
-
-        os.chdir(req["cwd"])
-        os.environ.clear()
-        os.environ.update(req["env"])
-        n = req["world_size"]
-        os.environ.update(
-            RANK=str(rank),
-            LOCAL_RANK=str(rank),
-            WORLD_SIZE=str(n),
-            LOCAL_WORLD_SIZE=str(n),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(req["port"]),
-            OMP_NUM_THREADS=str(req["threads"]),
-        )
-        sys.path[:] = req["path"]
-        linecache.cache.update(req["sources"])
-
-        import cloudpickle
-        import torch
-
-        from helpers import dist
-
-        torch.set_num_threads(req["threads"])
-        fn, args = cloudpickle.loads(req["payload"])
-        d = dist.init(backend=req["backend"], timeout_s=req["timeout"])
-        value = fn(d, *args)
-        # cleanup() waits for every rank first: rank 0 hosts the rendezvous store.
-        dist.cleanup()
-        result, status = ("ok", cloudpickle.dumps(value)), 0
+        _die_with_zygote(zygote)
+        socks = _wire_output(rank, req["sock"])
+        _become_rank(rank, req)
+        result, status = ("ok", _call(req)), 0
     except BaseException as e:  # noqa: BLE001 - every failure is reported to the parent
-        # Drop this file's frames: the learner's traceback starts in their function.
-        te = traceback.TracebackException.from_exception(e)
-        te.stack = traceback.StackSummary.from_list(
-            [f for f in te.stack if f.filename != __file__] or te.stack
-        )
-        tb = "".join(te.format())
-        try:
-            import cloudpickle
-
-            exc = cloudpickle.dumps(e)
-        except Exception:  # an exception that cannot travel still has its text
-            exc = None
-        result = ("err", tb, exc, f"{type(e).__name__}: {e}")
+        result = _error_report(e)
     finally:
         try:
             sys.stdout.flush()

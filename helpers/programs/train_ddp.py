@@ -29,6 +29,7 @@ from helpers.config import parse
 from helpers.parallel import ddp
 from helpers.runs import write_metrics
 from helpers.training import lr as lr_rules
+from helpers.training.loop import phase
 
 
 @dataclass
@@ -86,6 +87,56 @@ def _evaluate(model: nn.Module, test_ds, d: dist.Dist, batch_size: int = 500) ->
 def train(d: dist.Dist, cfg: DDPConfig) -> dict:
     """Train on this rank and return the run's metrics (identical on every rank)."""
     dist.seed_all(cfg.seed)  # same seed on every rank: same data and same initial weights
+    loader, test_ds, info = _data(d, cfg)
+    model = models.create(info.name, num_classes=info.num_classes).to(d.device)
+    distributed = dist.is_initialized()
+    net = ddp.wrap(model, d, bucket_cap_mb=cfg.bucket_cap_mb or None) if (
+        distributed and cfg.sync == "ddp") else model  # fmt: skip
+    global_batch = cfg.batch_size * d.world_size
+    peak_lr = lr_rules.scale_lr(cfg.lr, global_batch / cfg.base_batch, cfg.lr_rule)
+    opt = torch.optim.SGD(net.parameters(), lr=peak_lr, momentum=cfg.momentum)
+    sched = lr_rules.warmup_scheduler(opt, cfg.lr, peak_lr, cfg.warmup_steps)
+
+    start = time.perf_counter()
+    log = _train_epochs(
+        d, cfg, loader, net, opt, sched, manual=distributed and cfg.sync == "manual"
+    )
+    wall = time.perf_counter() - start
+
+    # One all_reduce for the whole loss curve instead of one per step.
+    curve = torch.tensor(log["losses"], dtype=torch.float64, device=d.device)
+    timing = torch.tensor([log["elapsed"]], dtype=torch.float64, device=d.device)
+    if distributed:
+        tdist.all_reduce(curve)
+        curve /= d.world_size
+        tdist.all_reduce(timing, op=tdist.ReduceOp.MAX)  # the slowest rank sets the pace
+    if cfg.checkpoint:
+        ddp.save_checkpoint(cfg.checkpoint, model, d, optimizer=opt, epoch=cfg.epochs)
+    metrics = {
+        "world_size": d.world_size,
+        "threads": torch.get_num_threads(),
+        "local_batch": cfg.batch_size,
+        "global_batch": global_batch,
+        "peak_lr": peak_lr,
+        "lr": log["lrs"],
+        "loss": curve.tolist(),
+        "final_loss": float(curve[-5:].mean()),  # smoothed over the last steps
+        "samples_per_s": global_batch * log["timed_steps"] / max(float(timing[0]), 1e-9),
+        "steps": len(log["losses"]),
+        # max |w_rank - w_rank0|: 0.0 when replicas agree
+        "replica_spread": ddp.replica_spread(model) if distributed else 0.0,
+        "wall_s": wall,
+        "data": info.description,
+        "config": asdict(cfg),
+    }
+    if cfg.evaluate:
+        metrics["test_acc"] = _evaluate(model, test_ds, d)
+        dist.print0(f"test accuracy {metrics['test_acc']:.3f}")
+    return metrics
+
+
+def _data(d: dist.Dist, cfg: DDPConfig):
+    """This rank's loader (a DistributedSampler shard), the test set and the dataset info."""
     offline = {"auto": "auto", "true": True, "false": False}[cfg.offline]
     train_ds, test_ds, info = data.load(
         cfg.dataset, cfg.data_root or None, offline, n_train=cfg.n_train, n_test=cfg.n_test,
@@ -100,22 +151,14 @@ def train(d: dist.Dist, cfg: DDPConfig) -> dict:
             f"{len(train_ds)} training samples make no full batch of {cfg.batch_size} per rank "
             f"on {d.world_size} rank(s): lower --batch-size or raise --n-train"
         )
-    model = models.create(info.name, num_classes=info.num_classes).to(d.device)
-    distributed = dist.is_initialized()
-    if distributed and cfg.sync == "ddp":
-        net = ddp.wrap(model, d, bucket_cap_mb=cfg.bucket_cap_mb or None)
-    else:
-        net = model
+    return loader, test_ds, info
 
-    global_batch = cfg.batch_size * d.world_size
-    peak_lr = lr_rules.scale_lr(cfg.lr, global_batch / cfg.base_batch, cfg.lr_rule)
-    opt = torch.optim.SGD(net.parameters(), lr=peak_lr, momentum=cfg.momentum)
-    sched = lr_rules.warmup_scheduler(opt, cfg.lr, peak_lr, cfg.warmup_steps)
 
+def _train_epochs(d, cfg, loader, net, opt, sched, manual: bool) -> dict:
+    """The data-parallel loop; each phase is a named range for the profiler and nsys."""
     losses: list[float] = []  # this rank's loss per step; averaged over ranks at the end
     lrs: list[float] = []
     timed_steps, elapsed = 0, 0.0
-    start = time.perf_counter()
     for epoch in range(cfg.epochs):
         if cfg.set_epoch:
             data.set_epoch(loader, epoch)  # a new permutation each epoch (same on all ranks)
@@ -125,51 +168,24 @@ def train(d: dist.Dist, cfg: DDPConfig) -> dict:
             t = time.perf_counter()
             x, y = x.to(d.device), y.to(d.device)
             opt.zero_grad(set_to_none=True)
-            loss = nn.functional.cross_entropy(net(x), y)
-            loss.backward()  # DDP all-reduces gradient buckets during this call
-            if distributed and cfg.sync == "manual":
-                ddp.average_gradients(net, d.world_size)
+            with phase("forward"):
+                loss = nn.functional.cross_entropy(net(x), y)
+            with phase("backward"):
+                loss.backward()  # DDP all-reduces gradient buckets during this call
+            if manual:
+                with phase("allreduce"):
+                    ddp.average_gradients(net, d.world_size)
             lrs.append(opt.param_groups[0]["lr"])
-            opt.step()
-            sched.step()
+            with phase("optimizer"):
+                opt.step()
+                sched.step()
             losses.append(loss.item())
             if len(losses) > 1:  # the first step pays one-off costs (allocation, DDP setup)
                 elapsed += time.perf_counter() - t
                 timed_steps += 1
         if cfg.verbose:
             dist.print0(f"epoch {epoch}: last loss {losses[-1]:.3f}, lr {lrs[-1]:.3g}")
-    wall = time.perf_counter() - start
-
-    # One all_reduce for the whole loss curve instead of one per step.
-    curve = torch.tensor(losses, dtype=torch.float64, device=d.device)
-    timing = torch.tensor([elapsed], dtype=torch.float64, device=d.device)
-    if distributed:
-        tdist.all_reduce(curve)
-        curve /= d.world_size
-        tdist.all_reduce(timing, op=tdist.ReduceOp.MAX)  # the slowest rank sets the pace
-    spread = ddp.replica_spread(model) if distributed else 0.0
-    if cfg.checkpoint:
-        ddp.save_checkpoint(cfg.checkpoint, model, d, optimizer=opt, epoch=cfg.epochs)
-    metrics = {
-        "world_size": d.world_size,
-        "threads": torch.get_num_threads(),
-        "local_batch": cfg.batch_size,
-        "global_batch": global_batch,
-        "peak_lr": peak_lr,
-        "lr": lrs,
-        "loss": curve.tolist(),
-        "final_loss": float(curve[-5:].mean()),  # smoothed over the last steps
-        "samples_per_s": global_batch * timed_steps / max(float(timing[0]), 1e-9),
-        "steps": len(losses),
-        "replica_spread": spread,  # max |w_rank - w_rank0|: 0.0 when replicas agree
-        "wall_s": wall,
-        "data": info.description,
-        "config": asdict(cfg),
-    }
-    if cfg.evaluate:
-        metrics["test_acc"] = _evaluate(model, test_ds, d)
-        dist.print0(f"test accuracy {metrics['test_acc']:.3f}")
-    return metrics
+    return {"losses": losses, "lrs": lrs, "elapsed": elapsed, "timed_steps": timed_steps}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -28,6 +28,7 @@ from torch.profiler import record_function
 
 __all__ = [
     "AMP_CHOICES",
+    "phase",
     "autocast",
     "default_amp",
     "grad_scaler",
@@ -41,6 +42,25 @@ __all__ = [
 AMP_CHOICES = (None, "none", "bf16", "fp16")
 # The record_function ranges of one training step, as helpers.training.profiling reports them.
 PHASES = ("data", "forward", "backward", "optimizer")
+
+
+@contextlib.contextmanager
+def phase(name: str):
+    """A named range of a training step, seen by both profilers.
+
+    torch.profiler sees a ``record_function`` range; Nsight Systems (the nsys job
+    of helpers.cluster) sees an NVTX range of the same name on GPUs, so its
+    timeline shows forward / backward / allreduce / optimizer by name.
+    """
+    nvtx = torch.cuda.is_available()
+    if nvtx:
+        torch.cuda.nvtx.range_push(name)
+    try:
+        with record_function(name):
+            yield
+    finally:
+        if nvtx:
+            torch.cuda.nvtx.range_pop()
 
 
 def _check_amp(amp: str | None, device: torch.device) -> str | None:
@@ -88,12 +108,12 @@ def train_step(model, x, y, optimizer, loss_fn, amp, scaler, device):
     0-d tensors left on the device (reading them would wait for the GPU).
     """
     optimizer.zero_grad(set_to_none=True)
-    with record_function("forward"), autocast(device, amp):
+    with phase("forward"), autocast(device, amp):
         logits = model(x)  # (B, classes)
         loss = loss_fn(logits, y)
-    with record_function("backward"):
+    with phase("backward"):
         (scaler.scale(loss) if scaler else loss).backward()
-    with record_function("optimizer"):
+    with phase("optimizer"):
         if scaler:
             scaler.step(optimizer)
             scaler.update()

@@ -21,11 +21,12 @@
 # daemons (munge keeps running). Job ids keep increasing across restarts
 # because the controller's state directory is kept.
 #
-# Environment: WORKBOOK_SLURM_STATE (default /tmp/workbook-slurm),
+# Environment: WORKBOOK_SLURM_STATE (default /var/lib/workbook-slurm; must be root's
+#              and writable by nobody else, see state_dir.sh),
 #              WORKBOOK_SLURM_TIMEOUT seconds to wait for idle nodes (default 60).
 set -euo pipefail
 
-STATE=${WORKBOOK_SLURM_STATE:-/tmp/workbook-slurm}
+source "$(dirname "${BASH_SOURCE[0]}")/state_dir.sh"   # sets STATE, make_state_dir
 TIMEOUT=${WORKBOOK_SLURM_TIMEOUT:-60}
 NODES=1
 PARTITION=workbook          # the partition slurm/profiles/local.toml submits to
@@ -217,6 +218,7 @@ wait_idle() {
 }
 
 main() {
+  make_state_dir
   mkdir -p "$STATE/run"
   install_packages
   if cluster_up_in_mode; then

@@ -8,7 +8,11 @@
 # --purge to delete it as well (and the /etc/slurm links pointing into it).
 set -euo pipefail
 
-STATE=${WORKBOOK_SLURM_STATE:-/tmp/workbook-slurm}
+source "$(dirname "${BASH_SOURCE[0]}")/state_dir.sh"   # sets STATE
+if ! why=$(check_state_dir "$STATE"); then
+  echo "stop.sh: error: unsafe state directory, not reading pid files from it: $why" >&2
+  exit 1
+fi
 PURGE=0
 case "${1:-}" in
   "") ;;

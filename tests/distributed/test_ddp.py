@@ -76,8 +76,6 @@ def test_replicas_identical_after_training_steps(sync):
     per_rank = launch.spawn(train, 3, args=(cfg,), threads=1)
     assert [m["replica_spread"] for m in per_rank] == [0.0, 0.0, 0.0]
     assert all(m["steps"] == 6 for m in per_rank)
-    # every rank reports the same rank-averaged loss curve
-    assert per_rank[0]["loss"] == per_rank[1]["loss"] == per_rank[2]["loss"]
 
 
 def test_replicas_drift_without_averaging():

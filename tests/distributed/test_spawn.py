@@ -164,3 +164,35 @@ def test_stopping_a_rank_also_stops_processes_it_started(tmp_path):
         time.sleep(0.1)
     else:
         pytest.fail(f"process {pid} started by rank 0 outlived the spawn")
+
+
+def _all_raise(d):
+    raise NotImplementedError("fill in this function")
+
+
+def _rank1_raises(d):
+    import torch
+    import torch.distributed as tdist
+
+    if d.rank == 1:
+        raise KeyError("only rank 1")
+    tdist.all_reduce(torch.ones(1))
+
+
+def test_a_failure_of_every_rank_says_so_and_shows_the_rank_traceback_first():
+    with pytest.raises(RankFailure) as info:
+        launch.spawn(_all_raise, world_size=4)
+    err = info.value
+    assert err.headline().startswith("all 4 ranks raised NotImplementedError")
+    shown = err._render_traceback_()
+    assert shown[0].startswith("RankFailure: all 4 ranks raised NotImplementedError")
+    body = "\n".join(shown)
+    assert "_all_raise" in body and "fill in this function" in body
+    assert "helpers/launch" not in body and "pool.py" not in body  # no launcher frames
+
+
+def test_one_failing_rank_is_named_and_the_others_reported_stopped():
+    with pytest.raises(RankFailure) as info:
+        launch.spawn(_rank1_raises, world_size=3)
+    assert info.value.failed == [1]
+    assert info.value.headline().startswith("rank 1 failed; the other 2 rank(s) were stopped")

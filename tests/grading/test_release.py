@@ -11,7 +11,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from helpers.course import labs
+from helpers.course import grading, labs
 
 ROOT = Path(__file__).resolve().parents[2]
 LABS = labs.lab_names(ROOT)
@@ -46,7 +46,7 @@ def test_no_stale_released_lab():
 @pytest.mark.parametrize("lab", LABS)
 def test_release_hides_solutions_hidden_tests_and_wrong_answer(lab):
     released = ROOT / "labs" / lab
-    assert not (released / labs.WRONG_ANSWERS).exists(), "the wrong answer must not be released"
+    assert not (released / grading.WRONG_ANSWERS).exists(), "wrong answers must not be released"
     for path in labs.notebooks(released):
         text = path.read_text()
         for marker in ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS"):
@@ -71,16 +71,20 @@ def test_solution_has_graded_tests_and_a_hidden_one(lab):
 
 
 @pytest.mark.parametrize("lab", LABS)
-def test_wrong_answer_names_solution_cells(lab):
-    wrong = labs.wrong_answers(ROOT / "solutions" / lab)
+def test_at_least_three_wrong_answers_naming_solution_cells(lab):
+    wrong = grading.wrong_answers(ROOT / "solutions" / lab)
     solution_ids = {
         c.metadata["nbgrader"]["grade_id"]
         for path in labs.notebooks(ROOT / "solutions" / lab)
         for c in nbformat.read(path, as_version=4).cells
         if c.metadata.get("nbgrader", {}).get("solution")
     }
-    assert wrong, f"solutions/{lab}/{labs.WRONG_ANSWERS} replaces no cell"
-    assert set(wrong) <= solution_ids, (
-        f"{labs.WRONG_ANSWERS} names {sorted(set(wrong) - solution_ids)}; "
-        f"solution cells are {sorted(solution_ids)}"
+    assert len(wrong) >= 3, (
+        f"solutions/{lab}/{grading.WRONG_ANSWERS} has {len(wrong)} wrong answers"
     )
+    for name, cells in wrong.items():
+        assert cells, f"{name} replaces no cell"
+        assert set(cells) <= solution_ids, (
+            f"{name} names {sorted(set(cells) - solution_ids)}; "
+            f"solution cells are {sorted(solution_ids)}"
+        )

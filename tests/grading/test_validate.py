@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.course import labs
+from helpers.course import grading, labs
 
 ROOT = Path(__file__).resolve().parents[2]
 SOLUTIONS = [
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.parametrize("notebook", SOLUTIONS, ids=str)
 def test_solution_passes_validate(notebook):
-    ok, out = labs.validate(ROOT / notebook)
+    ok, out = grading.validate(ROOT / notebook)
     assert ok, f"`nbgrader validate {notebook}` did not pass:\n{out}"
 
 
@@ -34,5 +34,5 @@ def test_release_fails_validate_inverted(notebook):
     assert released.is_file(), f"{released} is missing: run `python -m helpers.course.labs release`"
     # --invert: every autograded test must fail on the untouched student version,
     # otherwise a learner gets points for nothing.
-    ok, out = labs.validate(released, invert=True)
+    ok, out = grading.validate(released, invert=True)
     assert ok, f"`nbgrader validate --invert {released}`: some tests pass without an answer:\n{out}"

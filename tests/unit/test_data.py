@@ -27,10 +27,26 @@ def test_cifar_standin_has_cifar_shape_balanced_labels_and_is_deterministic():
 
 
 def test_shapes_classes_differ_in_content_not_colour():
-    x, y = synthetic.shapes(1000, seed=3)
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    x, y = synthetic.shapes(1200, seed=3)
     # Mean colour per class is about the same (colour is random), so colour is not the label.
     means = torch.stack([x[y == c].mean(dim=(0, 2, 3)) for c in range(10)])
     assert (means.max(0).values - means.min(0).values).max() < 0.1
+
+    # ...and the content is: a linear model on the Fourier magnitudes of the grey-level
+    # images (colour and position removed) learns the classes, while one on each image's
+    # mean colour stays near chance (0.1).
+    def held_out_accuracy(features):
+        clf = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000))
+        return clf.fit(features[:1000], y[:1000]).score(features[1000:], y[1000:])
+
+    grey = torch.fft.fft2(x.mean(dim=1)).abs().flatten(1).numpy()
+    colour = x.mean(dim=(2, 3)).numpy()
+    assert held_out_accuracy(grey) > 0.5
+    assert held_out_accuracy(colour) < 0.3
     with pytest.raises(ValueError, match="at least one"):
         synthetic.shapes(0)
 
@@ -148,3 +164,21 @@ def test_single_process_loader_is_seeded():
     assert a == b and a != list(range(50))
     assert _indices(data.make_loader(ds, 10, shuffle=False)) == list(range(50))
     data.set_epoch(data.make_loader(ds, 10), 3)  # a no-op, not an error
+
+
+def test_mnist_standin_serves_the_programs_default_sizes():
+    # The programs ask for n_test=2000, more than sklearn's 1,797 digits hold.
+    train, test, info = data.load("mnist", offline=True, n_train=3000, n_test=2000)
+    assert (len(train), len(test)) == (3000, 2000)
+    assert info.num_train == 3000 and info.num_test == 2000
+    # Test images come only from the held-out pool: none equals a training image.
+    x_tr = train.tensors[0].flatten(1)
+    x_te = test.tensors[0][:200].flatten(1)
+    assert torch.cdist(x_te, x_tr).min() > 1e-3
+
+
+def test_mnist_standin_extra_images_are_shifted_copies_not_repeats():
+    train, _, _ = data.load("mnist", offline=True, n_train=1600, n_test=100)
+    x = train.tensors[0]
+    assert len(x) == 1600
+    assert x[:1500].std() > 0 and not torch.equal(x[1500:], x[:100])

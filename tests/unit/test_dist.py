@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
@@ -94,5 +93,4 @@ def test_local_rank_reads_slurm_when_torchrun_is_absent(monkeypatch):
     monkeypatch.setenv("SLURM_LOCALID", "3")
     assert dist.local_rank() == 3
     monkeypatch.setenv("LOCAL_RANK", "1")
-    assert dist.local_rank() == 1
-    assert os.environ["SLURM_LOCALID"] == "3"
+    assert dist.local_rank() == 1  # torchrun's variable wins over Slurm's

@@ -31,9 +31,15 @@ def test_new_run_dir_never_reuses_a_directory(tmp_path):
     (dirs[0] / "keep.txt").write_text("mine")
     runs.new_run_dir("demo", root=tmp_path)
     assert (dirs[0] / "keep.txt").read_text() == "mine"
-    assert runs.list_runs("demo", root=tmp_path) == sorted(runs.list_runs("demo", root=tmp_path))
     assert len(runs.list_runs("demo", root=tmp_path)) == 31
     assert runs.list_runs("never", root=tmp_path) == []
+
+
+def test_list_runs_returns_launches_in_the_order_they_started(tmp_path):
+    # Many launches within one second: the order must still be the creation order.
+    made = [runs.new_run_dir("fast", root=tmp_path) for _ in range(50)]
+    assert runs.list_runs("fast", root=tmp_path) == made
+    assert made[-1].name > made[0].name
 
 
 def test_runs_root_follows_the_environment(tmp_path, monkeypatch):

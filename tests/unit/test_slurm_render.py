@@ -247,3 +247,17 @@ def test_sbatch_magic_write_only_saves_the_cell_and_the_job(tmp_path, monkeypatc
         shlex.quote(str(job.run_dir / "program.py"))
     )
     assert "write-only" in capsys.readouterr().out
+
+
+def test_jean_zay_node_shape_follows_the_gpu_type():
+    p = load_profile("jean-zay")
+    a100 = dict(name="demo", profile=p, values=p.values({"project": "abc", "arch": "a100"}))
+    text = render(JobSpec(**a100, nodes=1, gpus_per_node=8))
+    for line in ("--constraint=a100", "--account=abc@a100", "--gres=gpu:8", "--cpus-per-task=64"):
+        assert f"#SBATCH {line}" in text
+    four = render(JobSpec(**a100, nodes=1, gpus_per_node=4))
+    assert "#SBATCH --cpus-per-task=32" in four  # 8 cores per A100, not the H100's 24
+    h100 = dict(name="demo", profile=p, values=p.values({"project": "abc", "arch": "h100"}))
+    assert "#SBATCH --cpus-per-task=96" in render(JobSpec(**h100, nodes=1, gpus_per_node=4))
+    with pytest.raises(ValueError, match="arch=h100.*at most 4 GPUs"):
+        render(JobSpec(**h100, nodes=1, gpus_per_node=8))

@@ -146,3 +146,15 @@ def test_single_device_program_trains_and_writes_metrics(tmp_path, monkeypatch):
     assert "offline stand-in" in metrics["data"]
     with pytest.raises(SystemExit):
         train_cnn.main(["--amp", "fp8"])  # argparse names the valid choices
+
+
+def test_default_amp_refuses_emulated_bf16(monkeypatch):
+    # A V100 or T4 "supports" bf16 only by emulation: fp16 is the fast choice there.
+    def emulated(including_emulation=True):
+        return including_emulation
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", emulated)
+    assert training.default_amp(torch.device("cuda")) == "fp16"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    assert training.default_amp(torch.device("cuda")) == "bf16"
+    assert training.default_amp(torch.device("cpu")) == "bf16"
