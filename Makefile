@@ -23,7 +23,10 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev,deepspeed]'
-	$(PY) -m ipykernel install --user --name $(KERNEL) --display-name "PDL workbook ($(VENV))" >/dev/null
+	@# The notebooks' kernel lives inside this venv (--sys-prefix): nothing is registered
+	@# user-wide, so two checkouts side by side each run their own code.
+	$(PY) -m ipykernel install --sys-prefix --name $(KERNEL) --display-name "PDL workbook ($(CURDIR))" >/dev/null
+	@$(PY) -m helpers.course.kernel --drop-user-wide $(KERNEL)
 	@touch $(STAMP)
 
 setup: $(STAMP)

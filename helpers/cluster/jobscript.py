@@ -202,14 +202,15 @@ def preview(
     gpus_per_node: int = 1,
     values: dict | None = None,
     name: str = "demo",
-    program: str = "programs/demo.py",
+    program: str = "RUN_DIR/program.py",
     **options,
 ) -> str:
     """The script a job would get, without writing anything (for reading and teaching).
 
     ``values`` fills the profile's fields (account, env, ...); ``options`` are
     JobSpec fields such as time, args, nsys, nccl_debug. The run directory is
-    shown as RUN_DIR.
+    shown as RUN_DIR: a job written by helpers.cluster.job keeps its program, its
+    script and its output there, so the script works when submitted from it.
     """
     from helpers.cluster.profiles import load_profile
 

@@ -48,7 +48,7 @@ _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_]\w*)\}")
 _AUTO = {
     "python_bin": lambda: str(Path(sys.executable).parent),
     # The checkout holding this helpers package: what a job needs on PYTHONPATH.
-    "workbook": lambda: str(Path(__file__).resolve().parent.parent),
+    "workbook": lambda: str(Path(__file__).resolve().parents[2]),  # the checkout
 }
 
 

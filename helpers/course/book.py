@@ -5,8 +5,10 @@
     python -m helpers.course.book run --solutions           # also solutions/*/*.ipynb
     python -m helpers.course.book run --only 03_ddp         # names containing 03_ddp (or a glob)
 
-Each notebook runs top to bottom in a fresh ``python3`` kernel whose working
-directory is the notebook's own folder. The executed copy is written under
+Each notebook runs top to bottom in a fresh kernel, the one its metadata names
+(``pdl-workbook``, this checkout's venv, for notebooks/; ``python3``, the
+interpreter running the book, for the labs), with the notebook's own folder as
+working directory. The executed copy is written under
 ``build/executed/`` with the same relative path (``notebooks/03_ddp.ipynb`` ->
 ``build/executed/notebooks/03_ddp.ipynb``); the committed notebook is only
 read. A table ``notebook, status, seconds`` follows, and the exit status is 1
@@ -23,8 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from helpers.runs import workbook_root
-
-KERNEL = "python3"
 
 
 @dataclass
@@ -113,7 +113,7 @@ def execute(
             str(src),
             str(output),
             parameters={"SMOKE": True} if smoke else {},
-            kernel_name=KERNEL,
+            kernel_name=None,  # the kernel the notebook's metadata names
             cwd=str(src.parent),
             progress_bar=False,
             execution_timeout=cell_timeout,
@@ -152,6 +152,43 @@ def table(results: list[Executed]) -> str:
     return "\n".join(lines)
 
 
+def can_start_local_cluster() -> tuple[bool, str]:
+    """Whether slurm/local/start.sh can run here: root, and Slurm installed or installable."""
+    import os
+    import shutil
+
+    if os.name != "posix" or os.geteuid() != 0:
+        return False, "starting the local Slurm cluster needs root (sudo make slurm-up)"
+    if shutil.which("sbatch") and shutil.which("slurmctld"):
+        return True, "Slurm is installed"
+    release = Path("/etc/os-release")
+    distro = release.read_text() if release.is_file() else ""
+    if any(f"ID={d}" in distro or f"ID_LIKE={d}" in distro for d in ("debian", "ubuntu")):
+        return True, "root on Debian/Ubuntu: start.sh installs Slurm with apt-get"
+    return False, "Slurm is not installed and this is not Debian/Ubuntu (see slurm/README.md)"
+
+
+def ensure_local_cluster(top: Path) -> str:
+    """Use the cluster that is up, else start the local one when possible; say which."""
+    import subprocess
+
+    from helpers.cluster import slurm_available
+
+    up, why = slurm_available()
+    if up:
+        return f"Slurm is reachable ({why}): notebooks submit real jobs"
+    ok, reason = can_start_local_cluster()
+    if not ok:
+        return f"no Slurm cluster ({reason}): notebooks write job scripts without submitting"
+    print(f"starting the local Slurm cluster ({reason}) ...", flush=True)
+    done = subprocess.run(["bash", str(top / "slurm" / "local" / "start.sh"), "--nodes", "2"],
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    if done.returncode != 0:
+        tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
+        return "could not start the local Slurm cluster: " + " | ".join(tail)
+    return "started the local Slurm cluster (stop it with `make slurm-down`)"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m helpers.course.book", description="Execute the workbook's notebooks."
@@ -163,6 +200,12 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--only", metavar="PATTERN", help="glob or substring of the notebook path")
     run.add_argument("--out", type=Path, help="output folder (default: build/executed)")
     run.add_argument("--cell-timeout", type=float, default=1800, help="seconds per cell")
+    run.add_argument(
+        "--cluster",
+        choices=("auto", "none"),
+        default="auto",
+        help="auto: use a reachable Slurm, or start the local cluster when root (default)",
+    )
     args = ap.parse_args(argv)
 
     top = _root(None)
@@ -172,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"no notebook in {where} matches --only {args.only!r}")
     out_dir = args.out or top / "build" / "executed"
     mode = "SMOKE=True" if args.smoke else "full"
+    if args.cluster == "auto":
+        print(ensure_local_cluster(top), flush=True)
     print(f"executing {len(notebooks)} notebook(s), {mode}, into {out_dir}", flush=True)
     results = run_all(
         notebooks, out_dir, smoke=args.smoke, root=top, cell_timeout=args.cell_timeout

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import nbformat
 
-from helpers.course.labs import generate, make_course, nbgrader, notebooks, venv_on_path
+from helpers.course.course_dir import generate, make_course, nbgrader, notebooks, venv_on_path
 from helpers.runs import workbook_root
 
 WRONG_ANSWERS = "wrong_answers.py"

@@ -18,105 +18,17 @@ Grading (fake students, wrong answers, autograde) is helpers.course.grading.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-import nbformat
+from helpers.course.course_dir import _root, generate, lab_names, make_course, notebooks
 
-from helpers.runs import workbook_root
-
-# Cell metadata that editors add and that says nothing about the lab.
-_TRANSIENT_CELL_KEYS = ("execution", "ExecuteTime", "collapsed", "scrolled", "papermill")
-_KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
-
-
-def _root(root: Path | None) -> Path:
-    top = root or workbook_root()
-    if top is None:
-        raise FileNotFoundError("not inside the workbook checkout: pass root= or cd into it")
-    return Path(top)
-
-
-def lab_names(root: Path | None = None) -> list[str]:
-    """Every folder of solutions/ that holds a notebook, sorted."""
-    src = _root(root) / "solutions"
-    return sorted(p.name for p in src.iterdir() if p.is_dir() and any(p.glob("*.ipynb")))
-
-
-def notebooks(lab_dir: Path) -> list[Path]:
-    return sorted(Path(lab_dir).glob("*.ipynb"))
-
-
-@contextlib.contextmanager
-def venv_on_path():
-    """Put this interpreter's bin/ first on PATH for a while.
-
-    nbgrader's Gradebook shells out to ``alembic``, installed next to the
-    interpreter; a venv used without ``activate`` would not find it.
-    """
-    old = os.environ.get("PATH", "")
-    os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), old])
-    try:
-        yield
-    finally:
-        os.environ["PATH"] = old
-
-
-def nbgrader(args: list[str], cwd: Path, timeout: float = 1800) -> str:
-    """Run an nbgrader command in ``cwd``; return its output, raise with it on failure."""
-    cmd = [sys.executable, "-m", "nbgrader", *args]
-    with venv_on_path():
-        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
-    out = proc.stdout + proc.stderr
-    if proc.returncode != 0:
-        raise RuntimeError(f"`nbgrader {' '.join(args)}` failed in {cwd}:\n{out}")
-    return out
+__all__ = ["lab_names", "notebooks", "out_of_sync", "release", "stale_labs"]
 
 
 # --------------------------------------------------------------------------- release
-
-
-def make_course(dest: Path, root: Path | None = None) -> Path:
-    """A scratch nbgrader course: the checkout's config and a copy of solutions/."""
-    top = _root(root)
-    dest = Path(dest)
-    dest.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(top / "nbgrader_config.py", dest / "nbgrader_config.py")
-    ignore = shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints")
-    shutil.copytree(top / "solutions", dest / "solutions", ignore=ignore, dirs_exist_ok=True)
-    return dest
-
-
-def normalize(path: Path) -> None:
-    """Rewrite a notebook without outputs, counts or editor state, in nbformat's layout."""
-    nb = nbformat.read(path, as_version=4)
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            cell.outputs = []
-            cell.execution_count = None
-        for key in _TRANSIENT_CELL_KEYS:
-            cell.metadata.pop(key, None)
-    # Machine-specific bits (python version, display names) vary between laptops.
-    nb.metadata = {
-        **{k: v for k, v in nb.metadata.items() if k in ("nbgrader", "celltoolbar")},
-        "kernelspec": dict(_KERNELSPEC),
-        "language_info": {"name": "python"},
-    }
-    nbformat.write(nb, path)
-
-
-def generate(course: Path, lab: str) -> Path:
-    """``nbgrader generate_assignment`` for one lab inside a scratch course; returns its release."""
-    nbgrader(["generate_assignment", lab, "--force"], cwd=course)
-    out = Path(course) / "labs" / lab
-    for nb in notebooks(out):
-        normalize(nb)
-    return out
 
 
 def release(root: Path | None = None, dest: Path | None = None) -> list[Path]:

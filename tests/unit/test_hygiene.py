@@ -56,9 +56,12 @@ def test_committed_notebook_has_no_outputs(path):
 
 
 @pytest.mark.parametrize("path", COMMITTED, ids=str)
-def test_kernelspec_is_python3(path):
+def test_kernelspec_names_the_kernel_that_runs_it(path):
+    # Course notebooks run in this checkout's own kernel (make setup installs it into
+    # .venv); labs travel to learners' environments, where python3 is what exists.
+    want = "pdl-workbook" if Path(path).parts[0] == "notebooks" else "python3"
     name = _read(path).metadata.get("kernelspec", {}).get("name")
-    assert name == "python3", f"{path}: kernelspec is {name!r}; set it to 'python3'"
+    assert name == want, f"{path}: kernelspec is {name!r}; set it to {want!r}"
 
 
 def _assigns_smoke(source: str) -> bool:

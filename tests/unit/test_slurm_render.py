@@ -261,3 +261,10 @@ def test_jean_zay_node_shape_follows_the_gpu_type():
     assert "#SBATCH --cpus-per-task=96" in render(JobSpec(**h100, nodes=1, gpus_per_node=4))
     with pytest.raises(ValueError, match="arch=h100.*at most 4 GPUs"):
         render(JobSpec(**h100, nodes=1, gpus_per_node=8))
+
+
+def test_local_jobs_import_helpers_from_this_checkout():
+    text = render(spec("local", 1, 2))
+    root = Path(__file__).resolve().parents[2]
+    assert f"export PYTHONPATH={shlex.quote(str(root))}" in text
+    assert (root / "helpers" / "__init__.py").is_file()
