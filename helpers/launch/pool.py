@@ -32,10 +32,10 @@ import tempfile
 import threading
 import time
 
+from helpers.launch.framing import HELLO, recv, send
 from helpers.launch.procs import package_pythonpath
 from helpers.launch.results import RankFailure
 from helpers.launch.spawnjob import SpawnJob, loads_or_none
-from helpers.launch.zygote import HELLO, recv, send
 
 # --------------------------------------------------------------------------- parent side
 

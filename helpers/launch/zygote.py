@@ -29,40 +29,10 @@ import pickle
 import selectors
 import signal
 import socket
-import struct
 import sys
 import traceback
 
-_FRAME = struct.Struct("!I")  # 4-byte length before every control message
-HELLO = 8  # a worker's first bytes on a socket: kind ("o", "e", "r") + rank, 7 digits
-
-
-# --------------------------------------------------------------------------- framing
-
-
-def send(fd: int, obj) -> None:
-    data = pickle.dumps(obj)
-    view = memoryview(_FRAME.pack(len(data)) + data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def _read_exact(fd: int, n: int) -> bytes | None:
-    buf = b""
-    while len(buf) < n:
-        chunk = os.read(fd, n - len(buf))
-        if not chunk:
-            return None
-        buf += chunk
-    return buf
-
-
-def recv(fd: int):
-    head = _read_exact(fd, _FRAME.size)
-    if head is None:
-        return None
-    return pickle.loads(_read_exact(fd, _FRAME.unpack(head)[0]) or b"")
-
+from helpers.launch.framing import recv, send
 
 # --------------------------------------------------------------------------- zygote side
 
