@@ -8,8 +8,8 @@
     job.logs(tail=20)     # the end of slurm-<id>.out
     job.result()          # the metrics.json rank 0 wrote with helpers.runs.write_metrics
 
-Each job gets a run directory (``runs/NAME/<id>/``: program.py, job.sh,
-command.txt, slurm-<jobid>.out, metrics.json). The job id is recorded in
+Each job gets a run directory (``runs/NAME/<id>/``: program.py, the modules
+beside it that it imports, job.sh, command.txt, slurm-<jobid>.out, metrics.json). The job id is recorded in
 ``runs/NAME/slurm/<key>.json`` where key hashes the program, the resources and
 the rendered script, so re-running a notebook re-attaches instead of
 resubmitting, and a changed program is a new job.
@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from helpers.cluster.jobscript import PORT_BASE, JobSpec, check_job_name, render
+from helpers.cluster.modules import sibling_imports
 from helpers.cluster.profiles import ProfileError, load_profile
 from helpers.cluster.slurmcli import (
     TERMINAL,
@@ -78,9 +79,11 @@ class Job:
         if not path.is_file():
             raise FileNotFoundError(f"program {str(path)!r} not found (cwd {Path.cwd()})")
         self._source = path.read_text()
-        # Key: the program and the script rendered with a placeholder run directory,
-        # which covers resources, profile, options and the templates themselves.
-        blob = self._source + "\0" + self._render("RUN_DIR")
+        self._modules = sibling_imports(path)  # e.g. programs/ring.py for `from ring import`
+        # Key: the program, the modules it imports, and the script rendered with a
+        # placeholder run directory (resources, profile, options, the templates themselves).
+        parts = [self._source, *(f"{k}\0{v}" for k, v in sorted(self._modules.items()))]
+        blob = "\0".join([*parts, self._render("RUN_DIR")])
         self.key = hashlib.sha256(blob.encode()).hexdigest()[:16]
         self._state = "NOT_SUBMITTED"
         rec = self._load_record()
@@ -140,6 +143,8 @@ class Job:
             return self.script
         self.run_dir = new_run_dir(self.name)
         (self.run_dir / "program.py").write_text(self._source)
+        for file_name, source in self._modules.items():  # beside program.py: imports work
+            (self.run_dir / file_name).write_text(source)
         self.script.write_text(self._render(str(self.run_dir)))
         self.script.chmod(0o755)
         (self.run_dir / "command.txt").write_text(

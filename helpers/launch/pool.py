@@ -158,11 +158,11 @@ class Pool:
                     break
             if job.first_failure and not job.killed:
                 # A rank that only saw its peer vanish is not the story: give the rank
-                # that actually failed half a second to report first. After a rank's own
+                # that actually failed time to report first (its exit can take a few
+                # seconds to reach us on a loaded 2-core machine). After a rank's own
                 # error, wait briefly for the others, so "all 4 ranks raised X" can be said.
-                grace = 0.3 if job.own_failure() else 0.5
-                reported = len(job.errors) + len(job.values) + len(job.crashes)
-                if reported >= job.n or time.monotonic() >= job.first_failure + grace:
+                grace = 0.3 if job.own_failure() else 3.0
+                if len(job.accounted_ranks()) >= job.n or time.monotonic() >= job.first_failure + grace:
                     self._kill_workers()
                     job.killed, deadline = True, min(deadline, time.monotonic() + 5)
             left = deadline - time.monotonic()

@@ -65,7 +65,9 @@ class SpawnJob:
 
     def exited(self, rank: int, code: int) -> None:
         self.exits[rank] = code
-        if code != 0 and not self.killed:
+        # After we killed the workers, a signal exit (code < 0) is ours; a positive code
+        # is still the rank's own doing (os._exit(7) whose report was slower than a peer's).
+        if code > 0 or (code != 0 and not self.killed):
             self.crashes.append((rank, code))
             self.first_failure = self.first_failure or time.monotonic()
 
@@ -100,6 +102,10 @@ class SpawnJob:
             {e[0] for e in [*self.errors, *self.late_errors] if not PEER_ERROR.search(e[1])}
         )
         return {"failed": own, "world_size": self.n}
+
+    def accounted_ranks(self) -> set[int]:
+        """Ranks whose fate is known: returned, raised, or exited with an error."""
+        return {e[0] for e in self.errors} | set(self.values) | {r for r, _ in self.crashes}
 
     def complete(self) -> bool:
         return len(self.values) == self.n

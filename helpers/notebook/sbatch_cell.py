@@ -8,10 +8,14 @@ as account), --submit (default: submit when Slurm is reachable) or
 --write-only, --wait, --resubmit (run again although this exact job exists),
 --as VAR (the variable that receives the Job; default ``job``), --nsys,
 --nccl-debug. Registered by ``%load_ext helpers``.
+
+Under nbgrader (``NBGRADER_EXECUTION`` is set while it autogrades or validates)
+the job is written but never submitted: grading never waits on a queue.
 """
 
 from __future__ import annotations
 
+import os
 import shlex
 
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
@@ -69,7 +73,11 @@ def sbatch_magic(line: str, cell: str, ipython=None) -> Job:
         nsys=opts.nsys,
         nccl_debug=opts.nccl_debug,
     )
-    if opts.write_only:
+    grading = os.environ.get("NBGRADER_EXECUTION")  # 'autograde' or 'validate'
+    if grading:
+        # Grading stays in the kernel and never waits on a queue.
+        print(f"nbgrader {grading}: wrote {job.write()} but did not submit it")
+    elif opts.write_only:
         print(f"wrote {job.write()} (write-only: submit with {opts.var}.submit())")
     else:
         job.submit(force=opts.resubmit)

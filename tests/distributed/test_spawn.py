@@ -12,6 +12,7 @@ import sys
 import textwrap
 import time
 
+import psutil
 import pytest
 import torch
 import torch.distributed as tdist
@@ -156,10 +157,11 @@ def test_stopping_a_rank_also_stops_processes_it_started(tmp_path):
     with pytest.raises(RankFailure, match="timed out"):
         launch.spawn(starts_a_helper_then_hangs, world_size=2, args=(str(pidfile),), timeout=5)
     pid = int(pidfile.read_text())
-    for _ in range(20):  # the kill is asynchronous: give the kernel a moment
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+    for _ in range(50):  # the kill is asynchronous: give the kernel a moment
+        try:  # a killed process not yet reaped by its new parent is a zombie: it is gone
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                break
+        except psutil.NoSuchProcess:
             break
         time.sleep(0.1)
     else:

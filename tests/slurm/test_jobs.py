@@ -191,3 +191,23 @@ def test_a_job_slurm_has_forgotten_is_a_clear_error(cluster, allreduce):
     job.job_id = "999999"  # as if the record outlived a reset cluster
     with pytest.raises(RuntimeError, match="no longer knows job 999999.*resubmit"):
         job.wait(poll=0.05, progress=False)
+
+
+def test_a_job_imports_the_learners_program_cell(cluster, tmp_path, monkeypatch):
+    """A lab's pattern: %%program writes the learner's cell, %%sbatch's job imports it."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from helpers.notebook.program import program_magic
+
+    monkeypatch.chdir(tmp_path)
+    shell = InteractiveShell.instance()
+    program_magic("learner_sum", "def total(xs):\n    return sum(xs) + 0.5\n", shell)
+    assert shell.user_ns["total"]([1, 2]) == 3.5  # the cell also ran in the kernel
+    driver = (
+        "from helpers.runs import write_metrics\n"
+        "from learner_sum import total\n"
+        "write_metrics({'total': total([1, 2, 3])})\n"
+    )
+    job = sbatch_magic(f"{unique('driver')} --profile local", driver, shell)
+    assert job.result(timeout=120) == {"total": 6.5}
+    assert (job.run_dir / "learner_sum.py").is_file()  # the code that ran is kept with the run

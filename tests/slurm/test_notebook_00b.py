@@ -43,7 +43,7 @@ def text_of(nb) -> str:
 
 def test_committed_notebook_has_no_outputs():
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    assert nb.metadata["kernelspec"]["name"] == "python3"
+    assert nb.metadata["kernelspec"]["name"] == "pdl-workbook"  # the venv's kernel (make setup)
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert all(not c.outputs and c.execution_count is None for c in code)
     params = [c for c in code if "parameters" in c.metadata.get("tags", [])]

@@ -268,3 +268,40 @@ def test_local_jobs_import_helpers_from_this_checkout():
     root = Path(__file__).resolve().parents[2]
     assert f"export PYTHONPATH={shlex.quote(str(root))}" in text
     assert (root / "helpers" / "__init__.py").is_file()
+
+
+def test_sbatch_magic_under_nbgrader_writes_but_never_submits(tmp_path, monkeypatch, capsys):
+    from helpers.notebook.sbatch_cell import sbatch_magic
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
+    # --submit is ignored too: an autograde run must never queue (or wait on) a job.
+    job = sbatch_magic("graded --profile local --submit", "print(1)\n", None)
+    assert job.job_id is None and job.script.is_file()
+    assert "nbgrader autograde: wrote" in capsys.readouterr().out
+
+
+def test_a_job_carries_the_modules_its_program_imports(tmp_path):
+    from helpers.cluster import Job
+
+    progs = tmp_path / "programs"
+    progs.mkdir()
+    (progs / "ring.py").write_text("from helper_of_ring import K\n")
+    (progs / "helper_of_ring.py").write_text("K = 1\n")
+    (progs / "unrelated.py").write_text("raise SystemExit\n")
+    (progs / "bench.py").write_text("import os\nfrom ring import K\n")
+    job = Job("bench_carry", progs / "bench.py", profile="local")
+    job.write()
+    copied = sorted(p.name for p in job.run_dir.glob("*.py"))
+    assert copied == ["helper_of_ring.py", "program.py", "ring.py"]
+    # The learner edits their solution: a different job (not a re-attach to the old one).
+    (progs / "ring.py").write_text("from helper_of_ring import K\nK2 = 2\n")
+    assert Job("bench_carry", progs / "bench.py", profile="local").key != job.key
+
+
+def test_a_job_whose_program_does_not_parse_says_where(tmp_path):
+    from helpers.cluster import Job
+
+    (tmp_path / "bad.py").write_text("def f(:\n")
+    with pytest.raises(SyntaxError, match="bad.py line 1"):
+        Job("bad_syntax", tmp_path / "bad.py", profile="local")
