@@ -6,10 +6,12 @@ Layout (run nbgrader from the top of the checkout):
     labs/<lab>/<lab>.ipynb         student version, generated, committed (release)
     submitted/ autograded/ feedback/   grading work areas, git-ignored
 
-Regenerate labs/ with ``python -m helpers.labs release`` (it calls
+Regenerate labs/ with ``python -m helpers.course.labs release`` (it calls
 ``nbgrader generate_assignment`` with this file). Instructors grade with the
 usual commands, e.g. ``nbgrader collect lab0`` then ``nbgrader autograde lab0``.
 """
+
+import os
 
 c = get_config()  # noqa: F821 - injected by traitlets when nbgrader loads this file
 
@@ -19,6 +21,12 @@ c.CourseDirectory.release_directory = "labs"
 c.CourseDirectory.submitted_directory = "submitted"
 c.CourseDirectory.autograded_directory = "autograded"
 c.CourseDirectory.feedback_directory = "feedback"
+
+# The exchange: where release_assignment puts labs, submit puts submissions and
+# release_feedback puts feedback, on storage every learner can reach (see
+# docs/instructors.md for its permissions). Learners name the same directory in
+# their own ~/.jupyter/nbgrader_config.py.
+c.Exchange.root = os.environ.get("NBGRADER_EXCHANGE", "/srv/nbgrader/exchange")
 
 # Files next to a solution that are for instructors and CI only: the wrong
 # answer the grading tests submit must not be copied into the student release.
@@ -31,7 +39,32 @@ c.CourseDirectory.ignore = [
 ]
 
 # Lab cells start several torch.distributed ranks (helpers.launch.spawn); the
-# first spawn in a fresh kernel imports torch in every rank. nbgrader's default
-# of 30 s per cell is too short for that on a 2-core laptop.
-c.Execute.timeout = 600
+# first spawn in a fresh kernel imports torch once (a few seconds), so nbgrader's
+# default of 30 s per cell is too short on a busy 2-core laptop. A cell that runs
+# longer than this (a learner's infinite loop) is interrupted and fails its test
+# only; the rest of the notebook and the other submissions are still graded.
+c.Execute.timeout = 120
 c.Execute.kernel_name = "python3"
+
+# Grading preprocessors of helpers/course/preprocessors.py:
+# - feedback shows a hidden test's result and message, never its code or traceback
+#   (GetGrades must come first: it reads scores by cell);
+# - a graded cell a learner copied (two cells, one grade_id) no longer aborts the
+#   grading of every learner after them.
+try:
+    from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
+    from nbgrader.preprocessors import CheckCellMetadata, ClearOutput, GetGrades
+    from nbgrader.preprocessors import OverwriteCells, OverwriteKernelspec
+
+    from helpers.course.preprocessors import DropDuplicateIds, HideHiddenTests
+except ImportError:  # a learner's environment without the workbook package: not needed
+    pass
+else:
+    c.GenerateFeedback.preprocessors = [GetGrades, HideHiddenTests, CSSHTMLHeaderPreprocessor]
+    c.Autograde.sanitize_preprocessors = [
+        ClearOutput,
+        DropDuplicateIds,
+        OverwriteKernelspec,
+        OverwriteCells,
+        CheckCellMetadata,
+    ]

@@ -116,11 +116,15 @@ def submit_fake_students(course: Path, lab: str) -> None:
         )
 
 
-def autograde(course: Path, lab: str) -> dict[str, tuple[float, float]]:
-    """Autograde every submission of ``lab`` in one nbgrader call; (score, max) per student."""
+def autograde(course: Path, lab: str, check: bool = True) -> dict[str, tuple[float, float]]:
+    """Autograde every submission of ``lab`` in one nbgrader call; (score, max) per student.
+
+    ``check=False``: a submission nbgrader cannot grade (not a notebook) is not an
+    error here; it has no score, and every other submission is graded.
+    """
     from nbgrader.api import Gradebook
 
-    nbgrader(["autograde", lab, "--force"], cwd=course)
+    nbgrader(["autograde", lab, "--force"], cwd=course, check=check)
     db = f"sqlite:///{Path(course).resolve() / 'gradebook.db'}"
     with venv_on_path(), Gradebook(db) as gb:
         scores = {}

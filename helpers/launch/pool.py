@@ -45,23 +45,33 @@ class Pool:
 
     def __init__(self) -> None:
         self._proc: subprocess.Popen | None = None
+        self._ready = False  # the zygote said "ready" (torch imported)
         self._lock = threading.Lock()
         self._jobs = 0  # spawn() calls so far: exit reports carry the number of their call
         atexit.register(self.close)
 
     # -- zygote lifetime
-    def start(self, timeout: float = 120.0) -> None:
-        """Start the zygote now (it takes a few seconds to import torch)."""
-        if self._proc is not None and self._proc.poll() is None:
-            return
-        env = {**os.environ, "PYTHONPATH": package_pythonpath(os.environ.get("PYTHONPATH"))}
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "helpers.launch.zygote"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=env,
-            start_new_session=True,  # a Ctrl-C in the notebook is handled by us, not it
-        )
+    def start(self, timeout: float = 120.0, wait: bool = True) -> None:
+        """Start the zygote (it takes a few seconds to import torch).
+
+        ``wait=False`` returns at once: the zygote imports torch while the caller
+        goes on (a lab's first cells, nbgrader sending the next cell), and the
+        first run() waits for what is left of its start.
+        """
+        if self._proc is None or self._proc.poll() is not None:
+            env = {**os.environ, "PYTHONPATH": package_pythonpath(os.environ.get("PYTHONPATH"))}
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "helpers.launch.zygote"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=env,
+                start_new_session=True,  # a Ctrl-C in the notebook is handled by us, not it
+            )
+            self._ready = False
+        if wait and not self._ready:
+            self._await_ready(timeout)
+
+    def _await_ready(self, timeout: float) -> None:
         sel = selectors.DefaultSelector()
         sel.register(self._proc.stdout, selectors.EVENT_READ)
         ok = sel.select(timeout)
@@ -73,6 +83,7 @@ class Pool:
                 "the spawn pool's helper process did not start (python -m helpers.launch.zygote); "
                 "run it by hand to see why"
             )
+        self._ready = True
 
     def close(self) -> None:
         proc, self._proc = self._proc, None
@@ -162,7 +173,10 @@ class Pool:
                 # seconds to reach us on a loaded 2-core machine). After a rank's own
                 # error, wait briefly for the others, so "all 4 ranks raised X" can be said.
                 grace = 0.3 if job.own_failure() else 3.0
-                if len(job.accounted_ranks()) >= job.n or time.monotonic() >= job.first_failure + grace:
+                if (
+                    len(job.accounted_ranks()) >= job.n
+                    or time.monotonic() >= job.first_failure + grace
+                ):
                     self._kill_workers()
                     job.killed, deadline = True, min(deadline, time.monotonic() + 5)
             left = deadline - time.monotonic()

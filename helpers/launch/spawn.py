@@ -10,9 +10,13 @@ from helpers.launch.torchrun import check_nproc, free_port, threads_per_rank
 __all__ = ["spawn", "warm_up"]
 
 
-def warm_up() -> None:
-    """Start spawn()'s pool now, so the first spawn() does not pay for importing torch."""
-    get_pool().start()
+def warm_up(wait: bool = True) -> None:
+    """Start spawn()'s pool now, so the first spawn() does not pay for importing torch.
+
+    ``wait=False`` starts it in the background and returns at once (labs call it
+    in their first cell, so the import overlaps with the learner's cells).
+    """
+    get_pool().start(wait=wait)
 
 
 def spawn(

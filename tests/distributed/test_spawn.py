@@ -198,3 +198,20 @@ def test_one_failing_rank_is_named_and_the_others_reported_stopped():
         launch.spawn(_rank1_raises, world_size=3)
     assert info.value.failed == [1]
     assert info.value.headline().startswith("rank 1 failed; the other 2 rank(s) were stopped")
+
+
+def test_warm_up_in_the_background_then_spawn(tmp_path):
+    # The lab's first cell starts the pool without waiting; the first spawn waits for it.
+    script = _script(
+        tmp_path,
+        "from helpers import launch\n"
+        "from helpers.launch.pool import get_pool\n"
+        "launch.warm_up(wait=False)\n"
+        "print('ready right away:', get_pool()._ready)\n"
+        "print(launch.spawn(lambda d: d.rank * 10, world_size=3))\n",
+    )
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=_child_env(), timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert "ready right away: False" in out.stdout and "[0, 10, 20]" in out.stdout
