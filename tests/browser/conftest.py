@@ -1,0 +1,206 @@
+"""A real JupyterLab and a real browser, for tests that click what a learner clicks.
+
+Fixtures (reuse them for any notebook or lab, e.g. pressing nbgrader's Validate button):
+
+    lab_server   session: JupyterLab from the venv on a free port with a random token,
+                 serving a temporary root directory; ``lab_server.copy(src, params)``
+                 copies a notebook there with its parameters cell changed (SMOKE=True).
+    browser      session: Debian's /usr/bin/chromium driven by Python Playwright
+                 (``playwright install`` cannot download browsers here).
+    page         a fresh page that records console errors in ``page.console_errors``.
+    lab          helpers bound to the page: ``lab.open(name)``, ``lab.run_all()``,
+                 ``lab.wait_for_text(text)``, ``lab.screenshot(locator, name)``.
+
+Screenshots go to build/test-artefacts/. Every test here is marked ``browser``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+ARTEFACTS = REPO / "build" / "test-artefacts"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def pytest_configure(config):
+    # also declared in pyproject.toml; repeated here so the marker exists in any checkout
+    config.addinivalue_line("markers", "browser: drives JupyterLab in chromium (Playwright)")
+
+
+def pytest_collection_modifyitems(items):
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(item.fspath).parents:
+            item.add_marker(pytest.mark.browser)
+
+
+@dataclass
+class LabServer:
+    url: str
+    token: str
+    root: Path
+    log: Path
+
+    def copy(self, src: str | Path, params: dict | None = None) -> str:
+        """Copy a notebook into the server's root, setting parameters; returns its name."""
+        import nbformat
+
+        nb = nbformat.read(REPO / src, as_version=4)
+        for cell in nb.cells:
+            if "parameters" in cell.metadata.get("tags", []):
+                for key, value in (params or {}).items():
+                    cell.source += f"\n{key} = {value!r}  # set by the browser test"
+        name = Path(src).name
+        nbformat.write(nb, self.root / name)
+        return name
+
+    def page_url(self, name: str) -> str:
+        return f"{self.url}/lab/tree/{name}?token={self.token}"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_until_up(url: str, token: str, proc: subprocess.Popen, log: Path, timeout=90.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"JupyterLab exited with {proc.returncode}:\n{log.read_text()[-3000:]}"
+            )
+        try:
+            with urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2) as r:
+                json.load(r)
+                return
+        except OSError:
+            time.sleep(0.5)
+    raise RuntimeError(f"JupyterLab did not answer in {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="session")
+def lab_server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lab-root")
+    port, token = _free_port(), secrets.token_hex(16)
+    log = root.parent / f"jupyterlab-{port}.log"
+    cmd = [
+        str(Path(sys.executable).with_name("jupyter")), "lab", "--no-browser",
+        f"--port={port}", "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={root}", "--LabApp.news_url=",
+    ]  # fmt: skip
+    if os.geteuid() == 0:
+        cmd.append("--allow-root")
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+    }
+    with open(log, "w") as out:
+        # setsid: the server and its kernels form their own process group, stopped together below
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=root,
+                                start_new_session=True)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_until_up(url, token, proc, log)
+        yield LabServer(url, token, root, log)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=20)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="session")
+def browser():
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    pg = context.new_page()
+    pg.console_errors = []
+    pg.on("console", lambda m: m.type == "error" and pg.console_errors.append(m.text))
+    pg.on("pageerror", lambda e: pg.console_errors.append(f"page error: {e}"))
+    yield pg
+    context.close()
+
+
+class Lab:
+    """What a learner does in JupyterLab, as Playwright steps."""
+
+    def __init__(self, page, server: LabServer):
+        self.page, self.server = page, server
+
+    def open(self, name: str, timeout: float = 60_000) -> None:
+        self.page.goto(self.server.page_url(name))
+        self.page.wait_for_selector(".jp-Notebook", timeout=timeout)
+        self.dismiss_news()
+        self.wait_idle(timeout)
+
+    def dismiss_news(self) -> None:
+        no = self.page.get_by_role("button", name="No", exact=True)
+        if no.count():
+            no.first.click()
+
+    def wait_idle(self, timeout: float = 60_000) -> None:
+        self.page.wait_for_selector(
+            ".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=timeout
+        )
+
+    def menu(self, menu: str, command: str) -> None:
+        self.page.locator(".lm-MenuBar-itemLabel", has_text=menu).first.click()
+        self.page.locator(f".lm-Menu-item[data-command='{command}']").click()
+
+    def run_all(self) -> None:
+        self.menu("Run", "runmenu:run-all")
+
+    def wait_for_text(self, text: str, timeout: float = 120_000):
+        loc = self.page.locator(".jp-OutputArea-output", has_text=text).first
+        loc.wait_for(timeout=timeout)
+        return loc
+
+    def screenshot(self, locator, name: str) -> Path:
+        ARTEFACTS.mkdir(parents=True, exist_ok=True)
+        path = ARTEFACTS / name
+        locator.screenshot(path=str(path))
+        return path
+
+
+@pytest.fixture
+def lab(page, lab_server):
+    return Lab(page, lab_server)
