@@ -28,6 +28,7 @@ import torch
 import torch.distributed as tdist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.nn.utils import parameters_to_vector
 
 from helpers.dist import Dist, is_initialized
 
@@ -79,17 +80,13 @@ def wrap(model: nn.Module, d: Dist, bucket_cap_mb: float | None = None, **kwargs
 
 def flat_params(model: nn.Module) -> torch.Tensor:
     """All parameters as one 1-D tensor (a copy, detached, on CPU)."""
-    return torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()])
+    return parameters_to_vector(p.detach().cpu() for p in model.parameters())
 
 
 def flat_grads(model: nn.Module) -> torch.Tensor:
     """All gradients as one 1-D tensor (zeros where a parameter has no grad)."""
-    return torch.cat(
-        [
-            (p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).cpu()
-            for p in model.parameters()
-        ]
-    )
+    grads = (p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters())
+    return parameters_to_vector(g.detach().cpu() for g in grads)
 
 
 def replica_spread(model: nn.Module) -> float:
@@ -98,7 +95,7 @@ def replica_spread(model: nn.Module) -> float:
     Rank 0's parameters are broadcast, each rank compares, and a MAX all_reduce
     gives every rank the same answer.
     """
-    mine = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    mine = parameters_to_vector(p.detach() for p in model.parameters())
     ref = mine.clone()
     tdist.broadcast(ref, src=0)
     spread = (mine - ref).abs().max().reshape(1)
