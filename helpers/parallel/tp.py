@@ -1,0 +1,334 @@
+"""Tensor parallelism by hand: column- and row-parallel linear layers (Megatron-LM).
+
+torch's ``nn.Linear`` computes ``Y = X W^T + b`` with ``W`` of shape [out, in]. In the
+maths of seed 004 (``Y = X A`` with ``A = W^T`` of shape [in, out]):
+
+    column split   A = [A_1 | A_2]          rank r: Y_r = X A_r   (its out-features)
+                   torch: W.chunk(N, dim=0)  full Y = all-gather of the Y_r (last dim)
+    row split      A = [A_1 ; A_2]           rank r: X_r A_r      (its in-features)
+                   torch: W.chunk(N, dim=1)  full Y = all-reduce (sum) of the X_r A_r
+
+    TP group of N = 2 ranks, an MLP  X -> fc1 (column) -> GeLU -> fc2 (row) -> Y
+        rank 0:  X --f--> X W1_0^T -> gelu -> . W2_0^T --+
+        rank 1:  X --f--> X W1_1^T -> gelu -> . W2_1^T --+--g--> Y  (one all-reduce)
+
+Megatron's conjugate operators (autograd functions below):
+
+    f  copy_to_tp       identity forward, all-reduce backward   (before column layers)
+    g  reduce_from_tp   all-reduce forward, identity backward   (after row layers)
+       gather_from_tp   all-gather forward, keep-my-slice backward (gather_output=True)
+       scatter_to_tp    keep-my-slice forward, all-gather backward (input_is_parallel=False)
+
+Every collective goes through ``_collective``, which records it in a ``CommLog`` (what,
+forward or backward, how many bytes) when one is passed: values, not globals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as tdist
+from torch import nn
+
+__all__ = [
+    "ColumnParallelLinear",
+    "Comm",
+    "CommLog",
+    "ParallelAttention",
+    "ParallelMLP",
+    "RowParallelLinear",
+    "check_divides",
+    "check_tp_size",
+    "copy_to_tp",
+    "gather_from_tp",
+    "reduce_from_tp",
+    "scatter_to_tp",
+    "tp_rank_size",
+]
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def check_divides(tp: int, value: int, what: str) -> None:
+    """Raise a ValueError naming ``what`` when the TP size ``tp`` does not divide ``value``."""
+    if tp < 1:
+        raise ValueError(f"the tensor-parallel size must be >= 1, got {tp}")
+    if value % tp:
+        raise ValueError(
+            f"tensor-parallel size {tp} does not divide {what} = {value}: "
+            f"use a TP size among {_divisors(value)}, or change {what} to a multiple of {tp}"
+        )
+
+
+def check_tp_size(
+    tp: int, *, world_size: int | None = None, hidden: int | None = None, heads: int | None = None
+) -> None:
+    """Check a TP size against the world size, the hidden size and the number of heads.
+
+    The world size must be a multiple of tp (the rest is data parallelism), and tp must
+    divide the hidden size (each rank a slice of the features) and the number of heads
+    (each rank whole heads). Errors say which one failed and what would work.
+    """
+    if world_size is not None:
+        if tp < 1 or world_size % tp:
+            raise ValueError(
+                f"tensor-parallel size {tp} does not divide the world size {world_size}: "
+                f"use a TP size among {_divisors(world_size)} (the rest of the ranks do data "
+                f"parallelism), or a world size that is a multiple of {tp}"
+            )
+    if hidden is not None:
+        check_divides(tp, hidden, "the hidden size")
+    if heads is not None:
+        check_divides(tp, heads, "the number of attention heads")
+
+
+def tp_rank_size(group=None) -> tuple[int, int]:
+    """(rank inside the TP group, TP size); (0, 1) without torch.distributed."""
+    if not tdist.is_initialized():
+        return 0, 1
+    return tdist.get_rank(group), tdist.get_world_size(group)
+
+
+# --------------------------------------------------------------------------- bytes
+
+
+@dataclass(frozen=True)
+class Comm:
+    """One collective: ``nbytes`` is the full tensor; ``sent`` what one rank sends (ring)."""
+
+    op: str  # "all_reduce" | "all_gather"
+    phase: str  # "forward" | "backward"
+    layer: str
+    nbytes: int
+    sent: float
+
+
+@dataclass
+class CommLog:
+    """Every collective one rank ran through this module, in order."""
+
+    comms: list[Comm] = field(default_factory=list)
+
+    def record(self, op: str, phase: str, layer: str, nbytes: int, world: int) -> None:
+        # Ring algorithms: all-reduce sends 2(N-1)/N of the tensor, all-gather (N-1)/N.
+        factor = 2 * (world - 1) / world if op == "all_reduce" else (world - 1) / world
+        self.comms.append(Comm(op, phase, layer, nbytes, factor * nbytes))
+
+    def count(self, op: str | None = None, phase: str | None = None) -> int:
+        return len(self._select(op, phase))
+
+    def bytes(self, op: str | None = None, phase: str | None = None) -> int:
+        return sum(c.nbytes for c in self._select(op, phase))
+
+    def sent(self, op: str | None = None, phase: str | None = None) -> float:
+        return sum(c.sent for c in self._select(op, phase))
+
+    def _select(self, op, phase) -> list[Comm]:
+        return [c for c in self.comms if op in (None, c.op) and phase in (None, c.phase)]
+
+    def clear(self) -> None:
+        self.comms.clear()
+
+
+def _all_reduce(x: torch.Tensor, group, log, phase: str, layer: str) -> torch.Tensor:
+    x = x.contiguous().clone()  # never sum into a tensor autograd saved
+    tdist.all_reduce(x, group=group)
+    if log is not None:
+        log.record("all_reduce", phase, layer, x.numel() * x.element_size(), _tp_size(group))
+    return x
+
+
+def _all_gather_last(x: torch.Tensor, group, log, phase: str, layer: str) -> torch.Tensor:
+    # x: [..., n] on each rank -> [..., N * n], rank r's piece at columns [r n, (r+1) n)
+    world = _tp_size(group)
+    parts = [torch.empty_like(x) for _ in range(world)]
+    tdist.all_gather(parts, x.contiguous(), group=group)
+    out = torch.cat(parts, dim=-1)
+    if log is not None:
+        log.record("all_gather", phase, layer, out.numel() * out.element_size(), world)
+    return out
+
+
+def _my_slice_last(x: torch.Tensor, group) -> torch.Tensor:
+    rank, world = tp_rank_size(group)
+    check_divides(world, x.shape[-1], "the last dimension of the tensor to split")
+    return x.chunk(world, dim=-1)[rank].contiguous()
+
+
+def _tp_size(group) -> int:
+    return tp_rank_size(group)[1]
+
+
+# --------------------------------------------------------------------------- f, g, ...
+
+
+class _CopyToTP(torch.autograd.Function):
+    """f: forward identity, backward all-reduce (every rank's input gradient is partial)."""
+
+    @staticmethod
+    def forward(ctx, x, group, log, layer):
+        ctx.group, ctx.log, ctx.layer = group, log, layer
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_reduce(grad, ctx.group, ctx.log, "backward", ctx.layer), None, None, None
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    """g: forward all-reduce (sum the partial outputs), backward identity."""
+
+    @staticmethod
+    def forward(ctx, x, group, log, layer):
+        return _all_reduce(x, group, log, "forward", layer)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None, None, None
+
+
+class _GatherFromTP(torch.autograd.Function):
+    """Forward all-gather on the last dim; backward keeps this rank's slice (no message)."""
+
+    @staticmethod
+    def forward(ctx, x, group, log, layer):
+        ctx.group = group
+        return _all_gather_last(x, group, log, "forward", layer)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _my_slice_last(grad, ctx.group), None, None, None
+
+
+class _ScatterToTP(torch.autograd.Function):
+    """Forward keeps this rank's slice of the last dim (no message); backward all-gather."""
+
+    @staticmethod
+    def forward(ctx, x, group, log, layer):
+        ctx.group, ctx.log, ctx.layer = group, log, layer
+        return _my_slice_last(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_gather_last(grad, ctx.group, ctx.log, "backward", ctx.layer), None, None, None
+
+
+def copy_to_tp(x, group=None, log=None, layer=""):
+    return _CopyToTP.apply(x, group, log, layer)
+
+
+def reduce_from_tp(x, group=None, log=None, layer=""):
+    return _ReduceFromTP.apply(x, group, log, layer)
+
+
+def gather_from_tp(x, group=None, log=None, layer=""):
+    return _GatherFromTP.apply(x, group, log, layer)
+
+
+def scatter_to_tp(x, group=None, log=None, layer=""):
+    return _ScatterToTP.apply(x, group, log, layer)
+
+
+# --------------------------------------------------------------------------- layers
+
+
+class ColumnParallelLinear(nn.Module):
+    """This rank's out-features of a full ``nn.Linear``: weight [out/N, in], bias [out/N].
+
+    gather_output=False leaves Y_r [..., out/N] (what a row-parallel layer wants next);
+    True all-gathers the full Y [..., out]. sync_input_grad=False skips f, for when one f
+    already sits in front of several column layers reading the same input (q, k, v).
+    """
+
+    def __init__(self, full: nn.Linear, group=None, gather_output=False, log=None, name="col",
+                 sync_input_grad=True):  # fmt: skip
+        super().__init__()
+        rank, world = tp_rank_size(group)
+        check_divides(world, full.out_features, f"out_features of {name}")
+        self.group, self.log, self.name = group, log, name
+        self.gather_output, self.sync_input_grad = gather_output, sync_input_grad
+        self.in_features, self.out_features = full.in_features, full.out_features // world
+        w = full.weight.detach().chunk(world, dim=0)[rank]  # rows of W = columns of A = W^T
+        self.weight = nn.Parameter(w.clone())
+        b = full.bias
+        self.bias = None if b is None else nn.Parameter(b.detach().chunk(world)[rank].clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.sync_input_grad:
+            x = copy_to_tp(x, self.group, self.log, self.name)
+        y = nn.functional.linear(x, self.weight, self.bias)  # [..., out/N]
+        return gather_from_tp(y, self.group, self.log, self.name) if self.gather_output else y
+
+
+class RowParallelLinear(nn.Module):
+    """This rank's in-features of a full ``nn.Linear``: weight [out, in/N], full bias.
+
+    input_is_parallel=True: the input is already this rank's slice [..., in/N] (the output
+    of a column layer); False: the full input is split here (backward: an all-gather).
+    The partial products are summed by g (one all-reduce); the bias is added once, after.
+    """
+
+    def __init__(self, full: nn.Linear, group=None, input_is_parallel=True, log=None,
+                 name="row"):  # fmt: skip
+        super().__init__()
+        rank, world = tp_rank_size(group)
+        check_divides(world, full.in_features, f"in_features of {name}")
+        self.group, self.log, self.name = group, log, name
+        self.input_is_parallel = input_is_parallel
+        self.in_features, self.out_features = full.in_features // world, full.out_features
+        self.weight = nn.Parameter(full.weight.detach().chunk(world, dim=1)[rank].clone())
+        self.bias = None if full.bias is None else nn.Parameter(full.bias.detach().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.input_is_parallel:
+            x = scatter_to_tp(x, self.group, self.log, self.name)
+        partial = nn.functional.linear(x, self.weight)  # X_r A_r: [..., out], a partial sum
+        y = reduce_from_tp(partial, self.group, self.log, self.name)
+        return y if self.bias is None else y + self.bias
+
+
+class ParallelMLP(nn.Module):
+    """Megatron's MLP pairing: fc1 column (no gather), activation, fc2 row: one all-reduce
+    forward (g after fc2) and one backward (f before fc1).
+
+    ``mlp`` is any module with ``fc1``, ``act`` and ``fc2`` (helpers.parallel.tp_inference.MLP).
+    """
+
+    def __init__(self, mlp: nn.Module, group=None, log=None, name="mlp"):
+        super().__init__()
+        self.fc1 = ColumnParallelLinear(mlp.fc1, group, log=log, name=f"{name}.fc1")
+        self.act = mlp.act
+        self.fc2 = RowParallelLinear(mlp.fc2, group, log=log, name=f"{name}.fc2")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class ParallelAttention(nn.Module):
+    """Attention split by heads: q, k, v column-parallel (each rank H/N whole heads), o row-
+    parallel. One f in front of q, k, v (backward: one all-reduce of dL/dx, not three) and
+    one g after o. The attention module's own forward runs unchanged: it reshapes with
+    ``view(B, T, -1, head_dim)``, so each rank sees its local number of heads.
+    """
+
+    def __init__(self, attn: nn.Module, group=None, log=None, name="attn"):
+        super().__init__()
+        _, world = tp_rank_size(group)
+        check_divides(world, attn.n_heads, f"the number of attention heads of {name}")
+        self.inner = attn  # keeps forward(); its q, k, v, o are replaced below
+        for p in ("q", "k", "v"):
+            col = ColumnParallelLinear(getattr(attn, p), group, log=log, name=f"{name}.{p}",
+                                       sync_input_grad=False)  # fmt: skip
+            setattr(attn, p, col)
+        attn.o = RowParallelLinear(attn.o, group, log=log, name=f"{name}.o")
+        self.group, self.log, self.name = group, log, name
+
+    def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        x = copy_to_tp(x, self.group, self.log, self.name)  # f, shared by q, k and v
+        return self.inner(x, *args, **kwargs)

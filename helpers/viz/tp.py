@@ -1,0 +1,110 @@
+"""Figures of notebook 06 (tensor parallelism): the two splits, bytes per layer, TP vs DP."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+from matplotlib.patches import Rectangle
+
+from helpers.viz.common import new_figure
+
+RANK_COLOURS = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown"]
+
+
+def _matrix(ax, x0, y0, w, h, label, pieces=1, axis="cols", colours=None, alpha=0.55):
+    """A w x h box at (x0, y0), cut into ``pieces`` along columns or rows, one colour each."""
+    for i in range(pieces):
+        c = (colours or RANK_COLOURS)[i % len(RANK_COLOURS)] if pieces > 1 else "0.75"
+        if axis == "cols":
+            box = Rectangle((x0 + i * w / pieces, y0), w / pieces, h)
+        else:  # rows, drawn top to bottom
+            box = Rectangle((x0, y0 + h - (i + 1) * h / pieces), w, h / pieces)
+        box.set(facecolor=c, edgecolor="k", alpha=alpha)
+        ax.add_patch(box)
+    ax.text(x0 + w / 2, y0 - 0.35, label, ha="center", va="top", fontsize=9)
+
+
+def plot_splits(world: int = 2):
+    """Column split (Y = [X A_1, X A_2], all-gather) and row split (Y = X_1 A_1 + X_2 A_2,
+    all-reduce) of Y = X A; colours are ranks."""
+    fig, (left, right) = new_figure("Y = X A split over ranks (colour = rank)", ncols=2, width=6)
+    n = world
+    # column split: X whole, A by columns, Y by columns -> all-gather
+    _matrix(left, 0, 1, 2, 2, "X (whole, every rank)")
+    _matrix(left, 2.6, 1, 2, 2, "A by columns", n, "cols")
+    _matrix(left, 5.2, 1, 2, 2, "Y: rank r holds X A_r", n, "cols")
+    left.annotate("AllGather\n(to get all of Y)", (6.2, 3.1), ha="center", va="bottom", fontsize=9)
+    left.set_title("column split", fontsize=10)
+    # row split: X by columns, A by rows, each rank a full-size partial Y -> all-reduce
+    _matrix(right, 0, 1, 2, 2, "X by columns", n, "cols")
+    _matrix(right, 2.6, 1, 2, 2, "A by rows", n, "rows")
+    for r in range(n):
+        off = 0.12 * r
+        _matrix(right, 5.2 + off, 1 - off, 2, 2, "" if r else "", 1, alpha=0.25)
+        right.add_patch(Rectangle((5.2 + off, 1 - off), 2, 2, fill=False,
+                                  edgecolor=RANK_COLOURS[r % len(RANK_COLOURS)], lw=2))  # fmt: skip
+    right.text(6.2, 1 - 0.12 * n - 0.35, "partial Y = X_r A_r, every rank", ha="center", va="top",
+               fontsize=9)  # fmt: skip
+    right.annotate(
+        "AllReduce\n(sum of the partials)", (6.2, 3.1), ha="center", va="bottom", fontsize=9
+    )
+    right.set_title("row split", fontsize=10)
+    for ax in (left, right):
+        ax.set_xlim(-0.3, 7.8)
+        ax.set_ylim(-0.6, 4.0)
+        ax.set_aspect("equal")
+        ax.axis("off")
+    return fig
+
+
+def plot_bytes_per_variant(rows: dict, measured_on: str):
+    """Bars: bytes one rank sent in one forward + backward, per way of splitting a block.
+
+    rows: {variant: {collective name: bytes sent}}.
+    """
+    fig, (ax,) = new_figure("what one rank sends per training step of one MLP", measured_on)
+    names = sorted({c for per in rows.values() for c in per})
+    bottom = [0.0] * len(rows)
+    for i, c in enumerate(names):
+        vals = [rows[v].get(c, 0) / 1024 for v in rows]
+        ax.barh(list(rows), vals, left=bottom, label=c, color=RANK_COLOURS[i % 6], alpha=0.8)
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    ax.set_xlabel("KiB sent by one rank (ring algorithms)")
+    ax.invert_yaxis()
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_tp_vs_dp(tokens, tp_model, dp_model, measured: dict, world: int, measured_on: str):
+    """Bytes a rank sends per step against tokens per step: TP grows, DP is flat.
+
+    measured: {("tp" | "dp", tokens): bytes}, drawn as dots on the modelled lines.
+    """
+    fig, (ax,) = new_figure(f"bytes per rank per training step, {world} ranks", measured_on)
+    ax.loglog(tokens, tp_model, "-", color="tab:red", label="TP model: 4 L B T d e 2(N-1)/N")
+    ax.loglog(tokens, dp_model, "-", color="tab:blue", label="DP model: P e 2(N-1)/N")
+    for mode, colour in (("tp", "tab:red"), ("dp", "tab:blue")):
+        pts = sorted((t, b) for (m, t), b in measured.items() if m == mode)
+        if pts:
+            ax.loglog(*zip(*pts, strict=True), "o", color=colour, label=f"{mode.upper()} measured")
+    ax.set_xlabel("tokens per step (batch x sequence)")
+    ax.set_ylabel("bytes sent per rank")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_link_times(rows: list[tuple[str, float]], title: str):
+    """Horizontal bars of modelled seconds: [(label, seconds), ...], log scale."""
+    fig, ax = plt.subplots(figsize=(7.5, 0.45 * len(rows) + 1.2))
+    labels, secs = zip(*rows, strict=True)
+    colours = ["tab:red" if lab.startswith("TP") else "tab:blue" for lab in labels]
+    ax.barh(labels, [1e3 * s for s in secs], color=colours, alpha=0.8)
+    for i, s in enumerate(secs):
+        ax.text(1e3 * s, i, f" {1e3 * s:.1f} ms", va="center", fontsize=8)
+    ax.set_xlim(0, 1.2e3 * max(secs))
+    ax.set_xlabel("milliseconds per step (model)")
+    ax.set_title(title, fontsize=10)
+    ax.invert_yaxis()
+    fig.tight_layout()
+    return fig
