@@ -88,7 +88,7 @@ def register(ipython) -> None:
     """Register %%program, %%torchrun and %%sbatch with an IPython shell."""
 
     def program(line, cell):
-        return program_magic(line, cell, ipython)
+        program_magic(line, cell, ipython)  # no return value: nothing to echo under the cell
 
     def torchrun(line, cell):
         return torchrun_magic(line, cell, ipython.user_ns)
