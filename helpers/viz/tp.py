@@ -108,3 +108,43 @@ def plot_link_times(rows: list[tuple[str, float]], title: str):
     ax.invert_yaxis()
     fig.tight_layout()
     return fig
+
+
+# Transformer shapes for the explorer: (width d, blocks L, parameters P). Llama 2's sizes.
+MODELS = {
+    "Llama-2-7B-sized": (4096, 32, 6.74e9),
+    "Llama-2-13B-sized": (5120, 40, 13.0e9),
+    "Llama-2-70B-sized": (8192, 80, 69.0e9),
+}
+
+
+def link_explorer(step_times, model: str = "Llama-2-7B-sized", tokens: int = 4096, tp: int = 8):
+    """An ipywidgets explorer of ``step_times(d, L, P, tokens, tp) -> [(label, seconds)]``
+    (the notebook's own model): pick a model, the tokens per step and the TP size, see the
+    bars (the static chart above the explorer is what papermill keeps)."""
+    import ipywidgets as W
+    from IPython.display import display
+
+    sl = {"continuous_update": False, "style": {"description_width": "initial"}}
+    controls = {
+        "model": W.Dropdown(options=list(MODELS), value=model, description="model"),
+        "tokens": W.SelectionSlider(
+            options=[2**k for k in range(9, 18)], value=tokens, description="tokens per step", **sl
+        ),  # fmt: skip
+        "tp": W.SelectionSlider(options=[2, 4, 8, 16], value=tp, description="TP size", **sl),
+    }
+    out = W.Output()
+
+    def redraw(_=None):
+        v = {k: c.value for k, c in controls.items()}
+        out.clear_output(wait=True)
+        with out:
+            fig = plot_link_times(step_times(*MODELS[v["model"]], v["tokens"], v["tp"]),
+                                  f"{v['model']}, TP = {v['tp']}, {v['tokens']} tokens per step (model)")  # fmt: skip
+            display(fig)
+            plt.close(fig)
+
+    for c in controls.values():
+        c.observe(redraw, names="value")
+    redraw()
+    return W.VBox([W.HBox(list(controls.values())), out])
