@@ -15,7 +15,9 @@ object collectives, a ``ProcessGroup`` method, functional collectives), ends
 up as one operator of the ``c10d`` namespaces in PyTorch's dispatcher. A
 ``TorchDispatchMode`` sees each of them: ``c10d.send`` / ``c10d.recv_`` are
 logged as messages, any other one raises ``CollectiveRefused`` before it runs
-(unless ``allow`` names it; lab 0 allows and counts ``all_reduce``).
+(unless ``allow`` names it; lab 0 allows and counts ``all_reduce``). An allowed
+collective is logged with the bytes this rank put in (``traffic.calls``), so lab 4
+checks that a layer all-reduces one [B, T, dim] tensor, not two, nor a wider one.
 The workbook's own ready-made all-reduces (helpers.parallel.collectives, built
 from send/recv) are refused too: their code objects are swapped while recording,
 so even a reference imported before the recording started is caught.
@@ -35,6 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 from helpers.launch import RankFailure, spawn
 
 __all__ = [
+    "Call",
     "CollectiveRefused",
     "Message",
     "Traffic",
@@ -90,12 +93,22 @@ class Message:
         return self.op in ("send", "isend")
 
 
+@dataclass(frozen=True)
+class Call:
+    """One allowed collective of this rank: its name and the bytes this rank put in
+    (an all-reduce's tensor, an all-gather's own piece)."""
+
+    name: str
+    bytes: int
+
+
 @dataclass
 class Traffic:
     """What one rank did while recorded: its messages and the allowed collectives it ran."""
 
     messages: list[Message] = field(default_factory=list)
     collectives: list[str] = field(default_factory=list)  # friendly names, in call order
+    calls: list[Call] = field(default_factory=list)  # the same collectives, with their bytes
 
     def sent(self) -> list[Message]:
         return [m for m in self.messages if m.outgoing]
@@ -134,6 +147,7 @@ class _Watch(TorchDispatchMode):
                         _refusal(self.exercise, friendly, namespace, self.allow)
                     )
                 self.traffic.collectives.append(friendly)
+                self.traffic.calls.append(Call(friendly, _input_bytes(func, args, kwargs)))
         return func(*args, **kwargs)
 
     def _log(self, name: str, args) -> None:
@@ -144,6 +158,26 @@ class _Watch(TorchDispatchMode):
         numel = sum(t.numel() for t in tensors)
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         self.traffic.messages.append(Message(op, int(peer), numel, nbytes))
+
+
+def _nbytes(obj) -> int:
+    if hasattr(obj, "element_size"):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, list | tuple):
+        return sum(_nbytes(o) for o in obj)
+    return 0
+
+
+def _input_bytes(func, args, kwargs) -> int:
+    """Bytes of what this rank contributes to a collective: the schema's argument named
+    input/input_tensor(s) when it has one (all-gather, reduce-scatter), else the first
+    tensor argument (all-reduce, broadcast: the tensor is both input and output)."""
+    names = [a.name for a in func._schema.arguments]
+    values = dict(zip(names, args, strict=False)) | kwargs
+    for name in ("input", "input_tensor", "input_tensors"):
+        if name in values:
+            return _nbytes(values[name])
+    return next((n for n in (_nbytes(v) for v in values.values()) if n), 0)
 
 
 def _refusal(exercise: str, name: str, namespace: str, allow: set[str]) -> str:

@@ -208,3 +208,21 @@ def test_other_failures_are_not_called_deadlocks():
 
     with pytest.raises(RankFailure, match="not a deadlock"):
         spawn_p2p(boom, world_size=2)
+
+
+def collective_bytes(d):
+    with record_traffic(allow=("all_reduce", "all_gather", "all_gather_into_tensor")) as t:
+        tdist.all_reduce(torch.ones(3, 5))  # 15 float32: 60 bytes
+        parts = [torch.empty(2, dtype=torch.float64) for _ in range(d.world_size)]
+        tdist.all_gather(parts, torch.ones(2, dtype=torch.float64))  # own piece: 16 bytes
+        tdist.all_gather_into_tensor(torch.empty(4 * d.world_size), torch.ones(4))  # 16 bytes
+    return t.calls
+
+
+def test_allowed_collectives_are_logged_with_the_bytes_this_rank_put_in():
+    for calls in spawn(collective_bytes, world_size=2):
+        assert [(c.name, c.bytes) for c in calls] == [
+            ("all_reduce", 60),
+            ("all_gather", 16),
+            ("all_gather_into_tensor", 16),
+        ]
