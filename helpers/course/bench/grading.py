@@ -41,9 +41,21 @@ print(t1 - t0, t2 - t1, t3 - t2)
 class Options:
     n: int = 30  # submissions per lab (a workshop class)
     labs: str = ""  # comma-separated; empty: every lab
+    # Also grade each class with the labs' `launch.warm_up(wait=False)` line removed:
+    # the "before" figure of that optimisation, on the same submissions.
+    compare: bool = False
 
 
-def _class_of(course: Path, lab: str, n: int) -> None:
+def _without_warm_up(nb):
+    """The notebook with its `launch.warm_up(...)` lines removed (the pool starts on first use)."""
+    for cell in nb.cells:
+        if cell.cell_type == "code" and "launch.warm_up(" in cell.source:
+            lines = cell.source.splitlines()
+            cell.source = "\n".join(x for x in lines if "launch.warm_up(" not in x)
+    return nb
+
+
+def _class_of(course: Path, lab: str, n: int, warm_up: bool = True) -> None:
     """submitted/s00 ... s<n-1>/<lab>/: the fake students of the lab, in turn."""
     for src in notebooks(course / "solutions" / lab):
         released = nbformat.read(course / "labs" / lab / src.name, as_version=4)
@@ -54,14 +66,14 @@ def _class_of(course: Path, lab: str, n: int) -> None:
         for i, nb in zip(range(n), itertools.cycle(kinds.values())):
             path = course / "submitted" / f"s{i:02d}" / lab / src.name
             path.parent.mkdir(parents=True, exist_ok=True)
-            nbformat.write(nb, path)
+            nbformat.write(nb if warm_up else _without_warm_up(nb), path)
 
 
-def time_lab(lab: str, n: int) -> float:
+def time_lab(lab: str, n: int, warm_up: bool = True) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         course = make_course(Path(tmp))
         generate(course, lab)
-        _class_of(course, lab, n)
+        _class_of(course, lab, n, warm_up)
         t0 = time.perf_counter()
         scores = grading.autograde(course, lab, check=False)
         seconds = time.perf_counter() - t0
@@ -74,10 +86,12 @@ def main(argv: list[str] | None = None) -> None:
     opts = parse(Options, argv)
     labs = [x for x in opts.labs.split(",") if x] or lab_names()
     print(f"autograding {opts.n} submissions per lab (one nbgrader autograde call each)")
-    print(f"{'lab':<8}{'total s':>10}{'s/submission':>14}")
+    print(f"{'lab':<8}{'warm-up line':<14}{'total s':>10}{'s/submission':>14}")
     for lab in labs:
-        seconds = time_lab(lab, opts.n)
-        print(f"{lab:<8}{seconds:>10.1f}{seconds / opts.n:>14.2f}")
+        for warm_up in (True, False) if opts.compare else (True,):
+            seconds = time_lab(lab, opts.n, warm_up)
+            kept = "kept" if warm_up else "removed"
+            print(f"{lab:<8}{kept:<14}{seconds:>10.1f}{seconds / opts.n:>14.2f}")
     out = subprocess.run([sys.executable, "-c", PARTS], capture_output=True, text=True, check=True)
     imports, first, later = (float(x) for x in out.stdout.split()[-3:])
     print("\nwhere one submission's time goes (fresh process, 4 ranks):")
