@@ -1,0 +1,242 @@
+# Plausible wrong submissions for lab 4, used by tests/grading (format: helpers/course/grading.py).
+# Each replaces one solution cell; the cells it does not name keep the solution, so every
+# one of them must score strictly between zero and full marks.
+
+# === wrong: forgets_backward_all_reduce
+# %% cell: comm_ops
+%%program lab4_ops
+import torch
+import torch.distributed as tdist
+
+
+class CopyToTP(torch.autograd.Function):
+    # "f is the identity": true forward, but each rank's dL/dx is only its part of the sum.
+    # Outputs and weight gradients stay right; the gradient to the layer below is wrong.
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class ReduceFromTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        out = x.contiguous().clone()
+        tdist.all_reduce(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class GatherFromTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        parts = [torch.empty_like(x) for _ in range(tdist.get_world_size())]
+        tdist.all_gather(parts, x.contiguous())
+        return torch.cat(parts, dim=-1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.chunk(tdist.get_world_size(), dim=-1)[tdist.get_rank()].contiguous()
+
+# === wrong: all_reduces_twice
+# %% cell: comm_ops
+%%program lab4_ops
+import torch
+import torch.distributed as tdist
+
+
+class CopyToTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous().clone()
+        tdist.all_reduce(grad)
+        return grad
+
+
+class ReduceFromTP(torch.autograd.Function):
+    # "The transpose of an all-reduce is an all-reduce": g also sums in the backward pass.
+    # dL/dy is already the same on every rank, so every gradient below comes out N times too big.
+    @staticmethod
+    def forward(ctx, x):
+        out = x.contiguous().clone()
+        tdist.all_reduce(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous().clone()
+        tdist.all_reduce(grad)
+        return grad
+
+
+class GatherFromTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        parts = [torch.empty_like(x) for _ in range(tdist.get_world_size())]
+        tdist.all_gather(parts, x.contiguous())
+        return torch.cat(parts, dim=-1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.chunk(tdist.get_world_size(), dim=-1)[tdist.get_rank()].contiguous()
+
+# === wrong: gathers_with_an_all_reduce
+# %% cell: comm_ops
+%%program lab4_ops
+import torch
+import torch.distributed as tdist
+
+
+class CopyToTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous().clone()
+        tdist.all_reduce(grad)
+        return grad
+
+
+class ReduceFromTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        out = x.contiguous().clone()
+        tdist.all_reduce(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class GatherFromTP(torch.autograd.Function):
+    # The right values, the wrong collective: each rank writes its piece into a zero tensor
+    # N times wider and all-reduces it. N times the bytes of an all-gather's input, twice sent.
+    @staticmethod
+    def forward(ctx, x):
+        n, r = tdist.get_world_size(), tdist.get_rank()
+        full = torch.zeros(*x.shape[:-1], n * x.shape[-1], dtype=x.dtype)
+        full[..., r * x.shape[-1] : (r + 1) * x.shape[-1]] = x
+        tdist.all_reduce(full)
+        return full
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.chunk(tdist.get_world_size(), dim=-1)[tdist.get_rank()].contiguous()
+
+# === wrong: splits_the_wrong_dimension
+# %% cell: layers
+%%program lab4_layers
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+if __name__ != "__main__":  # imported by the cluster job: Part 1 is programs/lab4_ops.py
+    from lab4_ops import CopyToTP, GatherFromTP, ReduceFromTP
+
+
+class ColumnParallelLinear(nn.Module):
+    # "Column split = columns of the weight": but torch stores W = A^T, [out, in], so
+    # W's columns are the INPUT features. The shapes no longer fit the full input.
+    def __init__(self, full: nn.Linear, d, gather_output: bool = False):
+        super().__init__()
+        self.gather_output = gather_output
+        n, r = d.world_size, d.rank
+        self.weight = nn.Parameter(full.weight.detach().chunk(n, dim=1)[r].clone())
+        self.bias = nn.Parameter(full.bias.detach().chunk(n, dim=0)[r].clone())
+
+    def forward(self, x):
+        y = F.linear(CopyToTP.apply(x), self.weight, self.bias)
+        return GatherFromTP.apply(y) if self.gather_output else y
+
+
+class RowParallelLinear(nn.Module):
+    def __init__(self, full: nn.Linear, d):
+        super().__init__()
+        n, r = d.world_size, d.rank
+        self.weight = nn.Parameter(full.weight.detach().chunk(n, dim=0)[r].clone())
+        self.bias = nn.Parameter(full.bias.detach().clone())
+
+    def forward(self, x):
+        return ReduceFromTP.apply(F.linear(x, self.weight)) + self.bias
+
+# === wrong: bias_on_every_rank
+# %% cell: layers
+%%program lab4_layers
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+if __name__ != "__main__":  # imported by the cluster job: Part 1 is programs/lab4_ops.py
+    from lab4_ops import CopyToTP, GatherFromTP, ReduceFromTP
+
+
+class ColumnParallelLinear(nn.Module):
+    def __init__(self, full: nn.Linear, d, gather_output: bool = False):
+        super().__init__()
+        self.gather_output = gather_output
+        n, r = d.world_size, d.rank
+        if full.out_features % n:
+            raise ValueError(f"{n} ranks do not divide out_features = {full.out_features}")
+        self.weight = nn.Parameter(full.weight.detach().chunk(n, dim=0)[r].clone())
+        self.bias = nn.Parameter(full.bias.detach().chunk(n, dim=0)[r].clone())
+
+    def forward(self, x):
+        y = F.linear(CopyToTP.apply(x), self.weight, self.bias)
+        return GatherFromTP.apply(y) if self.gather_output else y
+
+
+class RowParallelLinear(nn.Module):
+    # F.linear with the bias on every rank, then the sum: the bias is added N times.
+    def __init__(self, full: nn.Linear, d):
+        super().__init__()
+        n, r = d.world_size, d.rank
+        if full.in_features % n:
+            raise ValueError(f"{n} ranks do not divide in_features = {full.in_features}")
+        self.weight = nn.Parameter(full.weight.detach().chunk(n, dim=1)[r].clone())
+        self.bias = nn.Parameter(full.bias.detach().clone())
+
+    def forward(self, x):
+        return ReduceFromTP.apply(F.linear(x, self.weight, self.bias))
+
+# === wrong: gathers_between_the_layers
+# %% cell: tp_mlp
+%%program lab4_mlp
+import torch.distributed as tdist
+from torch import nn
+
+if __name__ != "__main__":  # imported by the cluster job: Part 2 is programs/lab4_layers.py
+    from lab4_layers import ColumnParallelLinear, RowParallelLinear
+
+
+class TPMLP(nn.Module):
+    # The naive pairing: gather fc1's whole output, then cut this rank's slice out again.
+    # The same numbers, but an extra all-gather of [tokens, hidden] every forward pass.
+    def __init__(self, mlp: nn.Sequential, d):
+        super().__init__()
+        self.fc1 = ColumnParallelLinear(mlp[0], d, gather_output=True)
+        self.act = mlp[1]
+        self.fc2 = RowParallelLinear(mlp[2], d)
+
+    def forward(self, x):
+        h = self.act(self.fc1(x))
+        return self.fc2(h.chunk(tdist.get_world_size(), dim=-1)[tdist.get_rank()])
+
+# === wrong: counts_tensor_bytes_not_ring_bytes
+# %% cell: mlp_bytes
+def mlp_bytes_sent(tokens: int, dim: int, world_size: int, bytes_per_number: int = 4) -> float:
+    # Two all-reduces of [tokens, dim], but counted as the tensor's size: a ring all-reduce
+    # makes each rank send 2 (N - 1) / N of it.
+    return 2 * tokens * dim * bytes_per_number
