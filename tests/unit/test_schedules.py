@@ -1,0 +1,116 @@
+"""Pipeline schedules: valid orders, closed forms for equal stages, exact hand-made cases."""
+
+import pytest
+
+from helpers.parallel import schedules as S
+
+CASES = [(p, m) for p in (2, 3, 4) for m in (1, 4, 8)]
+
+
+def _by_key(tl):
+    return {(e.stage, e.chunk, e.kind, e.mb): e for e in tl.events}
+
+
+@pytest.mark.parametrize("name", S.SCHEDULES)
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (3, 6)])
+def test_every_op_once_and_dependencies_respected(name, p, m):
+    v = 2 if name == "interleaved" else 1
+    tl = S.simulate(name, p, m, tf=[1, 2, 1.5, 1][:p], tb=[2, 3, 2.5, 2][:p], latency=0.3, v=v)
+    ev = _by_key(tl)
+    mbs = [0] if name == "naive" else range(m)
+    kinds = "FBW" if name == "zb-h1" else "FB"
+    assert len(ev) == len(tl.events) == p * v * len(mbs) * len(kinds)
+    for (s, c, kind, mb), e in ev.items():
+        ms = c * p + s  # model stage
+        if kind == "F" and ms > 0:  # needs the previous model stage's activations
+            prev = ev[((ms - 1) % p, (ms - 1) // p, "F", mb)]
+            assert e.start >= prev.end + 0.3 - 1e-9
+        if kind == "B":
+            assert e.start >= ev[(s, c, "F", mb)].end  # forward precedes its backward
+            if ms < p * v - 1:  # needs the next model stage's gradient
+                nxt = ev[((ms + 1) % p, (ms + 1) // p, "B", mb)]
+                assert e.start >= nxt.end + 0.3 - 1e-9
+        if kind == "W":
+            assert e.start >= ev[(s, c, "B", mb)].end
+    for s in range(p):  # a rank does one thing at a time
+        mine = sorted((e.start, e.end) for e in tl.events if e.stage == s)
+        assert all(a[1] <= b[0] + 1e-9 for a, b in zip(mine, mine[1:], strict=False))
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p,m", CASES)
+def test_equal_stages_match_seed_closed_forms(name, p, m):
+    tl = S.simulate(name, p, m, tf=1.0, tb=2.0)
+    assert tl.makespan == pytest.approx((m + p - 1) * 3.0)
+    assert tl.bubble == pytest.approx((p - 1) / (m + p - 1))
+    assert tl.speedup == pytest.approx(m * p / (m + p - 1))
+    cf = S.closed_form(p, m, 1.0, 2.0)
+    idle = p * tl.makespan - sum(tl.busy)
+    assert idle / sum(tl.busy) == pytest.approx(cf["overhead"]) == pytest.approx((p - 1) / m)
+
+
+@pytest.mark.parametrize("p,m,v", [(2, 4, 2), (2, 8, 3), (4, 8, 2), (4, 8, 4), (3, 6, 2)])
+def test_interleaving_divides_the_bubble_by_v(p, m, v):
+    for tf, tb in [(1.0, 1.0), (1.0, 2.0)]:
+        plain = S.simulate("1f1b", p, m, tf, tb)
+        inter = S.simulate("interleaved", p, m, tf, tb, v=v)
+        useful = m * (tf + tb)
+        assert inter.makespan - useful == pytest.approx((plain.makespan - useful) / v)
+
+
+def test_one_f_one_b_holds_fewer_activations_than_gpipe():
+    p, m = 4, 8
+    assert S.simulate("gpipe", p, m).peak_activations == [m] * p
+    assert S.simulate("1f1b", p, m).peak_activations == [4, 3, 2, 1]  # p - s
+    assert max(S.simulate("zb-h1", p, m).peak_activations) == p  # 1F1B's peak
+
+
+def test_zero_bubble_h1_bubble_is_p_minus_1_times_f_plus_b_minus_w():
+    # Qi et al.: with F = B = W = 1 (tb = 2 split in halves) the bubble is (p-1)(F+B-W) = p-1
+    for p, m in [(2, 8), (4, 8), (4, 12)]:
+        assert S.simulate("zb-h1", p, m, 1.0, 2.0).makespan == pytest.approx(3 * m + p - 1)
+
+
+def test_naive_has_no_overlap():
+    tl = S.simulate("naive", 3, 4, 1.0, 2.0)
+    assert tl.makespan == pytest.approx(3 * 4 * 3.0)
+    assert tl.speedup == pytest.approx(1.0)
+
+
+def test_heterogeneous_gpipe_with_latency_by_hand():
+    # stage 0: F0 [0,1] F1 [1,2]; stage 1: F0 [1.5,3.5] F1 [3.5,5.5] B0 [5.5,9.5] B1 [9.5,13.5]
+    # stage 0: B0 arrives 10 -> [10,12]; B1 arrives 14 -> [14,16]
+    tl = S.simulate("gpipe", 2, 2, tf=[1, 2], tb=[2, 4], latency=0.5)
+    got = {(e.stage, e.kind, e.mb): (e.start, e.end) for e in tl.events}
+    assert got == {
+        (0, "F", 0): (0, 1), (0, "F", 1): (1, 2), (1, "F", 0): (1.5, 3.5), (1, "F", 1): (3.5, 5.5),
+        (1, "B", 0): (5.5, 9.5), (1, "B", 1): (9.5, 13.5), (0, "B", 0): (10, 12),
+        (0, "B", 1): (14, 16),
+    }  # fmt: skip
+    assert tl.makespan == 16
+    assert tl.bubble == pytest.approx(1 - (6 + 12) / 32)
+
+
+def test_one_f_one_b_with_latency_by_hand():
+    # p=2, m=3, tf=1, tb=2, latency=1 (worked out in the test's comment table):
+    # s0: F0 [0,1] F1 [1,2] B0 [6,8] F2 [8,9] B1 [9,11] B2 [14,16]
+    # s1: F0 [2,3] B0 [3,5] F1 [5,6] B1 [6,8] F2 [10,11] B2 [11,13]
+    tl = S.simulate("1f1b", 2, 3, tf=1, tb=2, latency=1)
+    got = [(e.stage, e.kind, e.mb, e.start, e.end) for e in sorted(tl.events)]
+    assert sorted(got) == sorted([
+        (0, "F", 0, 0, 1), (0, "F", 1, 1, 2), (0, "B", 0, 6, 8), (0, "F", 2, 8, 9),
+        (0, "B", 1, 9, 11), (0, "B", 2, 14, 16), (1, "F", 0, 2, 3), (1, "B", 0, 3, 5),
+        (1, "F", 1, 5, 6), (1, "B", 1, 6, 8), (1, "F", 2, 10, 11), (1, "B", 2, 11, 13),
+    ])  # fmt: skip
+    assert tl.makespan == 16
+
+
+def test_bad_input_says_what_to_change():
+    with pytest.raises(ValueError, match="tf must be"):
+        S.simulate("gpipe", 2, 4, tf=[1, 2, 3])
+    with pytest.raises(ValueError, match="unknown schedule"):
+        S.simulate("pipedream", 2, 4)
+    with pytest.raises(ValueError, match="multiple of p"):
+        S.simulate("interleaved", 4, 6, v=2)
+    with pytest.raises(ValueError, match="deadlocks"):  # stage 0 waits on B0 before sending F0
+        S.simulate([[S.Op("B", 0), S.Op("F", 0)], [S.Op("F", 0), S.Op("B", 0)]], 2, 1)
