@@ -57,6 +57,9 @@ bench: setup
 	$(PY) -m helpers.course.bench launch
 	$(PY) -m helpers.course.bench allreduce
 	$(PY) -m helpers.course.bench ddp
+	$(PY) -m helpers.course.bench tp
+	$(PY) -m helpers.course.bench pipeline
+	$(PY) -m helpers.course.bench mfu
 
 slurm-up:
 	bash slurm/local/start.sh --nodes $(SLURM_NODES)
