@@ -116,7 +116,7 @@ def explorer(budget: float = 80e9):
         plot_memory_bars(bars, budget, title=f"Llama 2 {model}, {dp} GPUs, seq {seq}, mb {mb}")
         plt.show()
         fits = [k for k, v in bars.items() if sum(v.values()) <= budget]
-        verdict.value = ("<b>fits in %g GB:</b> %s" % (budget / 1e9, ", ".join(fits))
+        verdict.value = (f"<b>fits in {budget / 1e9:g} GB:</b> {', '.join(fits)}"
                          if fits else "<b>nothing fits</b>: raise the DP degree, turn on "
                          "checkpointing or offload, or shorten the micro-batch")  # fmt: skip
 
