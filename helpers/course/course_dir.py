@@ -70,13 +70,19 @@ def nbgrader(args: list[str], cwd: Path, timeout: float = 1800, check: bool = Tr
     return out
 
 
+# Folders a kernel writes next to a lab when it runs (never part of a release).
+KERNEL_WRITES = ("programs", "__pycache__", ".ipynb_checkpoints")
+
+
 def make_course(dest: Path, root: Path | None = None) -> Path:
     """A scratch nbgrader course: the checkout's config and a copy of solutions/."""
     top = _root(root)
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copy2(top / "nbgrader_config.py", dest / "nbgrader_config.py")
-    ignore = shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints")
+    # programs/ holds what %%program cells wrote when the instructor ran a solution:
+    # solution code, which must never reach a student release.
+    ignore = shutil.ignore_patterns(*KERNEL_WRITES)
     shutil.copytree(top / "solutions", dest / "solutions", ignore=ignore, dirs_exist_ok=True)
     return dest
 

@@ -23,7 +23,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from helpers.course.course_dir import _root, generate, lab_names, make_course, notebooks
+from helpers.course.course_dir import (
+    KERNEL_WRITES,
+    _root,
+    generate,
+    lab_names,
+    make_course,
+    notebooks,
+)
 
 __all__ = ["lab_names", "notebooks", "out_of_sync", "release", "stale_labs"]
 
@@ -50,8 +57,12 @@ def release(root: Path | None = None, dest: Path | None = None) -> list[Path]:
 
 def compare(fresh: Path, committed: Path, lab: str) -> list[str]:
     """Files of one lab that differ between a fresh release and the committed labs/."""
-    want = {p.relative_to(fresh): p for p in (Path(fresh) / lab).rglob("*") if p.is_file()}
-    have = {p.relative_to(committed): p for p in (Path(committed) / lab).rglob("*") if p.is_file()}
+
+    def files(top: Path) -> dict:
+        found = ((p.relative_to(top), p) for p in (Path(top) / lab).rglob("*") if p.is_file())
+        return {rel: p for rel, p in found if not set(rel.parts) & set(KERNEL_WRITES)}
+
+    want, have = files(fresh), files(committed)
     problems = []
     for rel in sorted(set(want) | set(have)):
         if rel not in have:

@@ -76,7 +76,11 @@ class LabServer:
         return name
 
     def page_url(self, name: str) -> str:
-        return f"{self.url}/lab/tree/{name}?token={self.token}"
+        # A fresh workspace for every page: JupyterLab restores the tabs a workspace had
+        # open, so a notebook left open by an earlier test would sit (hidden) beside this
+        # one and `.validate-button` could press *its* Validate.
+        workspace = f"test-{secrets.token_hex(4)}"
+        return f"{self.url}/lab/workspaces/{workspace}/tree/{name}?reset&token={self.token}"
 
 
 def _free_port() -> int:

@@ -88,3 +88,28 @@ def test_at_least_three_wrong_answers_naming_solution_cells(lab):
             f"{name} names {sorted(set(cells) - solution_ids)}; "
             f"solution cells are {sorted(solution_ids)}"
         )
+
+
+def test_release_leaves_out_what_a_solution_run_wrote(tmp_path):
+    """Running a solution writes its %%program cells (solution code) to programs/: never released."""
+    import shutil
+
+    root = tmp_path / "course"
+    shutil.copytree(
+        ROOT / "solutions" / "lab0",
+        root / "solutions" / "lab0",
+        ignore=shutil.ignore_patterns("programs"),
+    )
+    shutil.copy2(ROOT / "nbgrader_config.py", root / "nbgrader_config.py")
+    (root / "solutions" / "lab0" / "programs").mkdir()
+    (root / "solutions" / "lab0" / "programs" / "lab0_mean.py").write_text(
+        "ANSWER = 'solution code'\n"
+    )
+
+    labs.release(root, tmp_path / "labs")
+
+    released = [
+        p.relative_to(tmp_path / "labs") for p in (tmp_path / "labs").rglob("*") if p.is_file()
+    ]
+    assert Path("lab0/lab0.ipynb") in released
+    assert not [p for p in released if "programs" in p.parts], released
