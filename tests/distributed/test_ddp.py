@@ -22,15 +22,6 @@ def _cnn64() -> torch.nn.Module:
     return models.CifarCNN().double()  # float64: differences are rounding only (~1e-16)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # The reference runs in this process: one thread avoids OpenMP spinning on a busy CI box.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _both_modes(d: Dist, x, y, steps: int, lr: float):
     return {mode: ddp.sgd_steps(d, _cnn64(), x, y, steps, lr, mode) for mode in ("manual", "ddp")}
 

@@ -18,14 +18,6 @@ TOL = {"rtol": 1e-5, "atol": 1e-5}
 WORLDS = [2, 4]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _data(seed: int, *shape):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
