@@ -45,6 +45,7 @@ __all__ = [
     "ring_trace",
     "time_all_reduce",
     "measure",
+    "pingpong",
 ]
 
 
@@ -220,18 +221,8 @@ def ring_trace(d: Dist, elems_per_chunk: int = 1) -> dict:
 # --------------------------------------------------------------------- timing
 
 
-def time_all_reduce(d: Dist, algo: str, numel: int, repeats: int = 5, warmup: int = 3) -> float:
-    """Median seconds of one all-reduce of ``numel`` float32, slowest rank per repeat.
-
-    A barrier lines the ranks up before each repeat; each repeat counts as long
-    as its slowest rank took (max over ranks), since the collective is only done
-    when every rank has its result. The input is refreshed outside the timing.
-    """
-    if algo not in ALL_REDUCES:
-        raise ValueError(f"unknown all-reduce {algo!r}: use one of {sorted(ALL_REDUCES)}")
-    fn = ALL_REDUCES[algo]
-    src = torch.randn(numel, generator=torch.Generator().manual_seed(d.rank))
-    buf = torch.empty_like(src)
+def _slowest_times(d: Dist, fn, buf: torch.Tensor, src: torch.Tensor, repeats: int, warmup: int):
+    """Seconds of each timed repeat of ``fn(d, buf)``, slowest rank per repeat (on every rank)."""
     times = []
     for _ in range(warmup + repeats):
         buf.copy_(src)
@@ -241,7 +232,30 @@ def time_all_reduce(d: Dist, algo: str, numel: int, repeats: int = 5, warmup: in
         times.append(time.perf_counter() - t0)
     slowest = torch.tensor(times[warmup:], dtype=torch.float64)
     tdist.all_reduce(slowest, op=tdist.ReduceOp.MAX)
-    return statistics.median(slowest.tolist())
+    return slowest.tolist()
+
+
+def _spread(times: list[float]) -> dict:
+    """Median and the quartiles of repeated timings: the noise of one measurement."""
+    q = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
+    return dict(seconds=statistics.median(times), lo=q[0], hi=q[2], repeats=len(times))
+
+
+def time_all_reduce(d: Dist, algo: str, numel: int, repeats: int = 5, warmup: int = 3) -> float:
+    """Median seconds of one all-reduce of ``numel`` float32, slowest rank per repeat.
+
+    A barrier lines the ranks up before each repeat; each repeat counts as long
+    as its slowest rank took (max over ranks), since the collective is only done
+    when every rank has its result. The input is refreshed outside the timing.
+    """
+    return _spread(_all_reduce_times(d, algo, numel, repeats, warmup))["seconds"]
+
+
+def _all_reduce_times(d: Dist, algo: str, numel: int, repeats: int, warmup: int) -> list[float]:
+    if algo not in ALL_REDUCES:
+        raise ValueError(f"unknown all-reduce {algo!r}: use one of {sorted(ALL_REDUCES)}")
+    src = torch.randn(numel, generator=torch.Generator().manual_seed(d.rank))
+    return _slowest_times(d, ALL_REDUCES[algo], torch.empty_like(src), src, repeats, warmup)
 
 
 def measure(
@@ -250,11 +264,44 @@ def measure(
     algos: tuple[str, ...] = ("ring", "ps", "builtin"),
     repeats: int = 5,
 ) -> list[dict]:
-    """Time each algorithm at each message size; rows of dict(algo, bytes, world, seconds)."""
+    """Time each algorithm at each message size.
+
+    Rows of dict(algo, bytes, world, seconds, lo, hi, repeats): seconds is the
+    median over repeats, lo/hi the quartiles (the spread between repeats).
+    """
     rows = []
     for nbytes in sizes_bytes:
         numel = max(1, int(nbytes) // 4)  # float32
         for algo in algos:
-            t = time_all_reduce(d, algo, numel, repeats=repeats)
-            rows.append(dict(algo=algo, bytes=numel * 4, world=d.world_size, seconds=t))
+            times = _all_reduce_times(d, algo, numel, repeats, warmup=3)
+            rows.append(dict(algo=algo, bytes=numel * 4, world=d.world_size, **_spread(times)))
+    return rows
+
+
+def _bounce(d: Dist, buf: torch.Tensor) -> None:
+    """Rank 0 sends ``buf`` to rank 1, which sends it straight back (one round trip)."""
+    if d.rank == 0:
+        tdist.send(buf, 1)
+        tdist.recv(buf, 1)
+    elif d.rank == 1:
+        tdist.recv(buf, 0)
+        tdist.send(buf, 0)
+
+
+def pingpong(d: Dist, sizes_bytes: list[int], repeats: int = 10, warmup: int = 3) -> list[dict]:
+    """One-way time of a send/recv between ranks 0 and 1: half a round trip.
+
+    The round trip is the standard way to time one message: both clocks are
+    rank 0's, and the receiver is already waiting. Rows of
+    dict(bytes, seconds, lo, hi, repeats), where seconds is the median one-way
+    time and lo/hi its quartiles; other ranks (if any) only join the barriers.
+    """
+    if d.world_size < 2:
+        raise ValueError("pingpong needs at least 2 ranks")
+    rows = []
+    for nbytes in sizes_bytes:
+        numel = max(1, int(nbytes) // 4)
+        src = torch.zeros(numel)
+        times = _slowest_times(d, _bounce, torch.empty_like(src), src, repeats, warmup)
+        rows.append(dict(bytes=numel * 4, **_spread([t / 2 for t in times])))
     return rows

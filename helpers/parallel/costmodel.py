@@ -18,9 +18,23 @@ compares (seed 002):
         message at a time through its one link:
         T_ps = 2(N-1) * alpha + 2(N-1) * n * beta
 
+    builtin (torch.distributed.all_reduce): gloo's CPU all_reduce runs a ring
+        too (reduce-scatter + all-gather, in pipelined segments), so the same
+        formula as the ring; NCCL picks ring or tree by size.
+
 The ring's bandwidth term tends to 2 * n * beta however many ranks join; the
 server's grows linearly with N. Both pay 2(N-1) latencies, which is why small
 messages (where alpha dominates) scale badly with either.
+
+Byte counting is the same for every algorithm (``bytes_sent``): the bytes the
+busiest rank sends, which equal the bytes it receives. The beta coefficient
+(``bytes_per_rank``) is different on purpose: a ring rank sends and receives
+at the same time (full-duplex link), the server first receives everything and
+then sends everything, so its two directions add up.
+
+``fit_pingpong`` fits alpha and beta ONCE, from the one-way time of plain
+send/recv messages between two ranks; ``predict`` then predicts every
+algorithm from those two numbers, with nothing fitted to the all-reduces.
 """
 
 from __future__ import annotations
@@ -37,9 +51,12 @@ __all__ = [
     "bytes_per_rank",
     "predict",
     "fit",
+    "fit_pingpong",
+    "bytes_sent",
+    "bus_bandwidth",
 ]
 
-ALGORITHMS = ("ring", "ps")
+ALGORITHMS = ("ring", "ps", "builtin")
 
 
 @dataclass(frozen=True)
@@ -78,9 +95,48 @@ def bytes_per_rank(algo: str, n_bytes: float, world: int) -> float:
     through one rank's link.
     """
     _check(algo, world)
-    if algo == "ring":
-        return 2 * (world - 1) / world * n_bytes
+    if algo in ("ring", "builtin"):
+        return 2 * (world - 1) / world * n_bytes  # sends overlap receives
     return 2 * (world - 1) * n_bytes  # server: receives (N-1)n, then sends (N-1)n
+
+
+def bytes_sent(algo: str, n_bytes: float, world: int) -> float:
+    """Bytes the busiest rank sends in one all-reduce (it receives as many).
+
+    ring/builtin: 2(N-1) chunks of n/N; parameter server: n to each of N-1 workers.
+    """
+    _check(algo, world)
+    if algo in ("ring", "builtin"):
+        return 2 * (world - 1) / world * n_bytes
+    return (world - 1) * n_bytes
+
+
+def bus_bandwidth(n_bytes, world, seconds):
+    """NCCL-tests' bus bandwidth of an all-reduce: 2(N-1)/N * n / t, in bytes per second.
+
+    The same formula for every algorithm: the bytes per rank an optimal
+    all-reduce must move, over the time this one took. It can be compared
+    with a link's bandwidth (1/beta) whatever algorithm ran.
+    """
+    n, w, t = (np.asarray(v, dtype=float) for v in (n_bytes, world, seconds))
+    out = 2 * (w - 1) / w * n / t
+    return float(out) if out.ndim == 0 else out
+
+
+def fit_pingpong(n_bytes: Sequence[float], seconds: Sequence[float]) -> AlphaBeta:
+    """alpha and beta of one message, from one-way send/recv times ``T = alpha + n * beta``.
+
+    Least squares on relative error (each size counts alike), like ``fit``.
+    """
+    n = np.asarray(n_bytes, dtype=float)
+    t = np.asarray(seconds, dtype=float)
+    if n.shape != t.shape or n.ndim != 1 or len(set(n.tolist())) < 2:
+        raise ValueError("need one-way times at two or more different message sizes")
+    if np.any(t <= 0):
+        raise ValueError("measured times must be positive seconds")
+    design = np.stack([np.ones_like(n), n], axis=1) / t[:, None]  # (m, 2), rows divided by t
+    (alpha, beta), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
+    return AlphaBeta(alpha=max(float(alpha), 0.0), beta=max(float(beta), 0.0))
 
 
 def predict(algo: str, n_bytes, world, ab: AlphaBeta):

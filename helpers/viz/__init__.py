@@ -7,9 +7,10 @@ works after ``from helpers import viz``.
 """
 
 from helpers.viz.collectives import (
-    plot_alpha_beta,
+    plot_bus_bandwidth,
     plot_collective,
     plot_launch_times,
+    plot_prediction,
     plot_ps_vs_ring,
     plot_ring_steps,
 )
@@ -20,11 +21,12 @@ from helpers.viz.training import plot_profile, plot_samples, plot_training
 __all__ = [
     "machine_label",
     "new_figure",
-    "plot_alpha_beta",
     "plot_bucket_timeline",
+    "plot_bus_bandwidth",
     "plot_collective",
     "plot_launch_times",
     "plot_lr_study",
+    "plot_prediction",
     "plot_profile",
     "plot_ps_vs_ring",
     "plot_ring_steps",

@@ -79,87 +79,145 @@ def plot_ring_steps(traces: list):
     return fig
 
 
-def plot_alpha_beta(rows: list, fits: dict, measured_on: str):
-    """Measured all-reduce time vs message size and vs ranks, with the fitted model.
+def _errorbar(ax, rows, key, color, label, fmt="o"):
+    """Measured medians with their quartiles (the spread between repeats) as error bars."""
+    import numpy as np
 
-    rows: dict(algo, bytes, world, seconds) from helpers.collectives.measure;
-    fits: algo -> helpers.costmodel.AlphaBeta (drawn as dashed lines).
+    rows = sorted(rows, key=lambda r: r[key])
+    xs = np.array([r[key] for r in rows], dtype=float)
+    med = np.array([r["seconds"] for r in rows]) * 1e3
+    lo = np.array([r.get("lo", r["seconds"]) for r in rows]) * 1e3
+    hi = np.array([r.get("hi", r["seconds"]) for r in rows]) * 1e3
+    ax.errorbar(xs, med, yerr=[med - lo, hi - med], fmt=fmt, color=color, capsize=2, label=label)
+    return xs
+
+
+def plot_prediction(pingpong: list, ab, rows: list, measured_on: str):
+    """Ping-pong fit (left), then all-reduces: measured vs predicted from that one fit.
+
+    pingpong: rows of helpers.parallel.collectives.pingpong; ab: the AlphaBeta
+    fitted to them; rows: helpers.parallel.collectives.measure rows. Dots with
+    bars are measurements (median, quartiles); dashed lines are the model.
     """
     import numpy as np
 
     from helpers.parallel import costmodel
 
-    fig, (ax1, ax2) = new_figure(
-        "all-reduce time: measured (dots) vs alpha-beta model (dashed)", measured_on, ncols=2
+    fig, (ax0, ax1, ax2) = new_figure(
+        "all-reduce: measured (dots, bars = quartiles) vs MODEL predicted from the ping-pong (dashed)",
+        f"{measured_on}; dashed lines are computed, not measured",
+        ncols=3,
+        width=4.6,
+    )
+    xs = _errorbar(ax0, pingpong, "bytes", "k", "ping-pong, one way")
+    grid = np.geomspace(xs.min(), xs.max(), 50)
+    ax0.plot(grid, (ab.alpha + grid * ab.beta) * 1e3, "--", color="k", label="fit: alpha + n beta")
+    ax0.set_title(f"fit once: {ab}", fontsize=8)
+    big_world = max(r["world"] for r in rows)
+    big = max(r["bytes"] for r in rows)
+    algos = [a for a in ("ring", "ps", "builtin") if any(r["algo"] == a for r in rows)]
+    for j, algo in enumerate(algos):
+        c = f"C{j}"
+        pts = [r for r in rows if r["algo"] == algo and r["world"] == big_world]
+        xs = _errorbar(ax1, pts, "bytes", c, algo)
+        grid = np.geomspace(xs.min(), xs.max(), 50)
+        ls = ":" if algo == "builtin" else "--"  # same formula as the ring: keep both visible
+        ax1.plot(
+            grid,
+            costmodel.predict(algo, grid, big_world, ab) * 1e3,
+            ls,
+            color=c,
+            label=f"{algo} model",
+        )
+        pts = [r for r in rows if r["algo"] == algo and r["bytes"] == big]
+        ws = _errorbar(ax2, pts, "world", c, algo, fmt="o-")
+        ax2.plot(ws, costmodel.predict(algo, big, ws, ab) * 1e3, ls, color=c)
+    for ax in (ax0, ax1):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("message size (bytes)")
+    ax1.set_title(f"{big_world} ranks", fontsize=9)
+    ax2.set_title(f"{big / 2**20:g} MiB", fontsize=9)
+    ax2.set_xticks(sorted({r["world"] for r in rows}))
+    ax2.set_xlabel("ranks")
+    ax0.set_ylabel("time (ms)")
+    for ax in (ax0, ax1, ax2):
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def plot_bus_bandwidth(rows: list, ab, measured_on: str):
+    """Bus bandwidth 2(N-1)/N * n / t of every measured all-reduce, beside the link's 1/beta."""
+    from helpers.parallel import costmodel
+
+    fig, (ax,) = new_figure(
+        "bus bandwidth of each all-reduce (same formula for all)", measured_on, width=7.5
     )
     worlds = sorted({r["world"] for r in rows})
-    sizes = sorted({r["bytes"] for r in rows})
-    for i, w in enumerate(worlds):
-        pts = sorted(
-            (r["bytes"], r["seconds"]) for r in rows if r["algo"] == "ring" and r["world"] == w
-        )
-        xs, ys = zip(*pts, strict=True)
-        ax1.loglog(xs, np.array(ys) * 1e3, "o", color=f"C{i}", label=f"ring, {w} ranks")
-        if "ring" in fits:
-            grid = np.geomspace(min(xs), max(xs), 50)
-            ax1.loglog(
-                grid, costmodel.predict("ring", grid, w, fits["ring"]) * 1e3, "--", color=f"C{i}"
+    styles = ["o-", "s--", "^:", "v-."]
+    for j, algo in enumerate(
+        a for a in ("ring", "ps", "builtin") if any(r["algo"] == a for r in rows)
+    ):
+        for k, w in enumerate(worlds):
+            pts = sorted(
+                (r["bytes"], r["seconds"]) for r in rows if r["algo"] == algo and r["world"] == w
             )
-    ax1.set_xlabel("message size (bytes)")
-    ax1.set_ylabel("time (ms)")
-    ax1.legend(fontsize=8)
-    big = sizes[-1]
-    for j, algo in enumerate(sorted({r["algo"] for r in rows})):
-        pts = sorted(
-            (r["world"], r["seconds"]) for r in rows if r["algo"] == algo and r["bytes"] == big
-        )
-        xs, ys = zip(*pts, strict=True)
-        ax2.plot(xs, np.array(ys) * 1e3, "o-", color=f"C{j + 3}", label=f"{algo} measured")
-        if algo in fits:
-            ax2.plot(
-                xs,
-                costmodel.predict(algo, big, np.array(xs), fits[algo]) * 1e3,
-                "--",
-                color=f"C{j + 3}",
-            )
-    ax2.set_xticks(worlds)
-    ax2.set_xlabel("ranks")
-    ax2.set_ylabel("time (ms)")
-    ax2.set_title(f"{big / 2**20:g} MB", fontsize=9)
-    ax2.legend(fontsize=8)
+            n, t = zip(*pts, strict=True)
+            bw = costmodel.bus_bandwidth(n, w, t) / 1e9
+            ax.plot(n, bw, styles[k % 4], color=f"C{j}", ms=4, label=f"{algo}, {w} ranks")
+    ax.axhline(ab.bandwidth / 1e9, color="k", lw=1)
+    ax.text(
+        min(r["bytes"] for r in rows),
+        ab.bandwidth / 1e9,
+        " 1/beta from the ping-pong (model)",
+        va="bottom",
+        fontsize=8,
+    )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_ylim(top=3 * ab.bandwidth / 1e9)
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.legend(fontsize=7, ncol=3)
     fig.tight_layout()
     return fig
 
 
 def plot_ps_vs_ring(n_bytes: float, rows: list, measured_on: str):
-    """Bytes through the busiest rank (model) and measured time, ring vs parameter server."""
+    """Bytes the busiest rank sends (a model: counted, not measured) and measured times."""
     import numpy as np
 
     from helpers.parallel import costmodel
 
     fig, (ax1, ax2) = new_figure(
-        f"parameter server vs ring, {n_bytes / 2**20:g} MB", measured_on, ncols=2
+        f"parameter server vs ring, {n_bytes / 2**20:g} MiB",
+        f"{measured_on} (right panel; the left panel is counted from the algorithms)",
+        ncols=2,
     )
     rows = [r for r in rows if r["bytes"] == n_bytes]
     if not rows:
         raise ValueError(f"no measurement at {n_bytes} bytes: pass one of the measured sizes")
     ws = np.arange(2, 17)
     for algo, label in (("ring", "ring: every rank"), ("ps", "parameter server: the server")):
-        traffic = [costmodel.bytes_per_rank(algo, n_bytes, int(w)) / 2**20 for w in ws]
+        traffic = [costmodel.bytes_sent(algo, n_bytes, int(w)) / 2**20 for w in ws]
         ax1.plot(ws, traffic, "o-", ms=3, label=label)
+    ax1.set_title("MODEL: MiB the busiest rank sends (= receives)", fontsize=9)
     ax1.set_xlabel("ranks")
-    ax1.set_ylabel("MB through the busiest link")
+    ax1.set_ylabel("MiB")
     ax1.legend(fontsize=8)
     worlds = sorted({r["world"] for r in rows})
     algos = [a for a in ("ring", "ps", "builtin") if any(r["algo"] == a for r in rows)]
     for j, algo in enumerate(algos):
-        t = [
-            next(r["seconds"] for r in rows if r["algo"] == algo and r["world"] == w) * 1e3
-            for w in worlds
-        ]
-        ax2.bar(np.arange(len(worlds)) + (j - 1) * 0.27, t, width=0.27, label=algo)
+        pts = [next(r for r in rows if r["algo"] == algo and r["world"] == w) for w in worlds]
+        t = np.array([r["seconds"] for r in pts]) * 1e3
+        lo = t - np.array([r.get("lo", r["seconds"]) for r in pts]) * 1e3
+        hi = np.array([r.get("hi", r["seconds"]) for r in pts]) * 1e3 - t
+        x = np.arange(len(worlds)) + (j - 1) * 0.27
+        ax2.bar(x, t, width=0.27, yerr=[lo, hi], capsize=2, label=algo)
     ax2.set_xticks(range(len(worlds)), [f"{w} ranks" for w in worlds])
-    ax2.set_ylabel("measured time (ms)")
+    ax2.set_title("MEASURED: median time, bars = quartiles", fontsize=9)
+    ax2.set_ylabel("time (ms)")
     ax2.legend(fontsize=8)
     fig.tight_layout()
     return fig

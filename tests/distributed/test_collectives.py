@@ -110,3 +110,16 @@ def test_bench_and_timing_reject_bad_input_with_a_clear_message():
         allreduce.main(["--ranks", "two"])
     with pytest.raises(launch.RankFailure, match="unknown all-reduce 'tree'"):
         launch.spawn(collectives.time_all_reduce, world_size=2, args=("tree", 8), timeout=120)
+
+
+def test_pingpong_and_measure_report_median_and_spread():
+    from helpers.parallel import costmodel
+
+    pp = launch.spawn(collectives.pingpong, world_size=2, args=([4096, 1 << 20], 4))[0]
+    assert [r["bytes"] for r in pp] == [4096, 1 << 20]
+    assert all(r["lo"] <= r["seconds"] <= r["hi"] and r["repeats"] == 4 for r in pp)
+    ab = costmodel.fit_pingpong([r["bytes"] for r in pp], [r["seconds"] for r in pp])
+    assert ab.alpha >= 0 and ab.beta > 0  # a megabyte takes longer than 4 KB
+    rows = launch.spawn(collectives.measure, world_size=2, args=([4096], ("ring", "ps"), 3))[0]
+    assert {r["algo"] for r in rows} == {"ring", "ps"}
+    assert all(r["lo"] <= r["seconds"] <= r["hi"] for r in rows)

@@ -60,3 +60,24 @@ def test_fit_errors_say_what_to_change():
     with pytest.raises(ValueError, match="unknown algorithm"):
         costmodel.steps("tree", 4)
     assert "GB/s" in str(AlphaBeta(1e-5, 1e-9))
+
+
+def test_bytes_counted_the_same_way_and_builtin_is_a_ring():
+    n = 1e6
+    # the busiest rank sends (and receives) this much: ring 2(N-1)/N n, server (N-1) n
+    assert costmodel.bytes_sent("ring", n, 4) == pytest.approx(1.5 * n)
+    assert costmodel.bytes_sent("ps", n, 4) == pytest.approx(3 * n)
+    ab = AlphaBeta(alpha=1e-5, beta=1e-9)
+    assert costmodel.predict("builtin", n, 4, ab) == costmodel.predict("ring", n, 4, ab)
+    # bus bandwidth: 2(N-1)/N n / t, for any algorithm
+    assert costmodel.bus_bandwidth(n, 4, 1e-3) == pytest.approx(1.5e9)
+
+
+def test_fit_pingpong_recovers_alpha_beta():
+    sizes = np.array([2**k for k in range(10, 25, 2)], dtype=float)
+    t = 4e-5 + sizes * 3e-10
+    got = costmodel.fit_pingpong(sizes, t)
+    assert got.alpha == pytest.approx(4e-5, rel=1e-6)
+    assert got.beta == pytest.approx(3e-10, rel=1e-6)
+    with pytest.raises(ValueError, match="two or more"):
+        costmodel.fit_pingpong([1024, 1024], [1e-4, 1e-4])
