@@ -15,7 +15,12 @@ from helpers.viz.collectives import (
     plot_ring_steps,
 )
 from helpers.viz.common import machine_label, new_figure
-from helpers.viz.ddp import plot_bucket_timeline, plot_lr_study, plot_scaling
+from helpers.viz.ddp import (
+    plot_bucket_timeline,
+    plot_lr_study,
+    plot_megatron_weak_scaling,
+    plot_scaling,
+)
 from helpers.viz.training import plot_profile, plot_samples, plot_training
 
 __all__ = [
@@ -26,6 +31,7 @@ __all__ = [
     "plot_collective",
     "plot_launch_times",
     "plot_lr_study",
+    "plot_megatron_weak_scaling",
     "plot_prediction",
     "plot_profile",
     "plot_ps_vs_ring",

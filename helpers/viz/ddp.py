@@ -31,20 +31,63 @@ def plot_bucket_timeline(timelines: dict, measured_on: str):
     return fig
 
 
-def plot_lr_study(runs: dict, measured_on: str):
-    """Loss and learning rate per step for each learning-rate recipe.
+def plot_lr_study(runs: dict, epochs: int, measured_on: str):
+    """Training loss and learning rate against epochs, mean over seeds with a min..max band.
 
-    runs: {label: metrics from helpers.programs.train_ddp.train} with "loss" and "lr".
+    runs: {label: [metrics of each seed from helpers.programs.train_ddp.train]}, each
+    with per-step "loss" and "lr". The x axis is epochs (samples seen / training set),
+    so recipes with different global batches (and step counts) line up.
     """
-    fig, (ax_loss, ax_lr) = new_figure("Large global batch: learning-rate recipes", measured_on,
-                                       ncols=2)  # fmt: skip
-    for i, (label, m) in enumerate(runs.items()):
-        ax_loss.plot(m["loss"], color=f"C{i}", label=label, lw=1.2)
-        ax_lr.plot(m["lr"], color=f"C{i}", label=label, lw=1.2)
-    ax_loss.set(xlabel="optimizer step", ylabel="training loss (mean over ranks)")
+    import numpy as np
+
+    fig, (ax_loss, ax_lr) = new_figure(
+        "Large global batch: learning-rate recipes (mean of seeds, band = min..max)",
+        measured_on,
+        ncols=2,
+    )
+    for i, (label, seeds) in enumerate(runs.items()):
+        loss = np.array([m["loss"] for m in seeds])  # (seeds, steps)
+        x = np.arange(1, loss.shape[1] + 1) * epochs / loss.shape[1]
+        ax_loss.plot(x, loss.mean(0), color=f"C{i}", label=label, lw=1.2)
+        ax_loss.fill_between(x, loss.min(0), loss.max(0), color=f"C{i}", alpha=0.15)
+        ax_lr.plot(x, seeds[0]["lr"], color=f"C{i}", label=label, lw=1.2)
+    ax_loss.set(xlabel="epochs (samples seen / training set)", ylabel="training loss")
     ax_loss.set_ylim(top=min(ax_loss.get_ylim()[1], 4.0))
-    ax_lr.set(xlabel="optimizer step", ylabel="learning rate", yscale="log")
-    ax_loss.legend(fontsize=8)
+    ax_lr.set(xlabel="epochs", ylabel="learning rate (schedule)", yscale="log")
+    ax_loss.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def plot_megatron_weak_scaling(table: list[dict]):
+    """Seed 000's Megatron-LM table (Narayanan et al., SC 2021): real-cluster weak scaling.
+
+    table rows: dict(gpus, params_b, tflops_per_gpu, peak_pct, pflops). Left: aggregate
+    PFLOP/s against GPUs with the ideal (the first row x GPUs / its GPUs); right:
+    TFLOP/s per GPU, which weak scaling keeps flat.
+    """
+    import numpy as np
+
+    fig, (ax_a, ax_g) = new_figure(
+        "Megatron-LM on A100 GPUs (published data, not measured here)", None, ncols=2
+    )
+    fig.text(0.99, 0.01, "data: Narayanan et al. 2021, Selene cluster (DGX A100, InfiniBand)",
+             ha="right", va="bottom", fontsize=8, color="0.4")  # fmt: skip
+    g = np.array([r["gpus"] for r in table], dtype=float)
+    agg = np.array([r["pflops"] for r in table])
+    per = np.array([r["tflops_per_gpu"] for r in table])
+    ax_a.loglog(g, agg, "o-", label="measured by the authors")
+    ax_a.loglog(g, agg[0] * g / g[0], "--", color="0.5", label="ideal: N x the 32-GPU rate")
+    for r in table[:: max(1, len(table) // 5)]:
+        ax_a.annotate(f"{r['params_b']:g}B", (r["gpus"], r["pflops"]), fontsize=7,
+                      xytext=(4, -10), textcoords="offset points")  # fmt: skip
+    ax_a.set(xlabel="GPUs", ylabel="aggregate PFLOP/s")
+    ax_a.legend(fontsize=8)
+    ax_g.semilogx(g, per, "o-", color="C2")
+    ax_g.set_ylim(0, 330)
+    ax_g.axhline(312, color="0.5", ls=":", lw=1)
+    ax_g.text(g[0], 300, "A100 bf16 peak: 312 TFLOP/s", fontsize=7, va="top")
+    ax_g.set(xlabel="GPUs (model grows with them)", ylabel="TFLOP/s per GPU")
     fig.tight_layout()
     return fig
 
