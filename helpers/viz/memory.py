@@ -22,7 +22,7 @@ def plot_memory_bars(bars: dict, budget: float | None = 80e9, title="Memory per 
     """``bars``: {label: {part: bytes}} -> one stacked bar per label, and the budget line."""
     fig = None
     if ax is None:
-        fig, (ax,) = new_figure(title, measured_on, width=max(5.5, 0.9 * len(bars) + 2))
+        fig, (ax,) = new_figure(title, measured_on, width=max(6.5, 0.9 * len(bars) + 3))
     labels = list(bars)
     bottom = [0.0] * len(labels)
     for part, colour in PARTS.items():
@@ -35,9 +35,9 @@ def plot_memory_bars(bars: dict, budget: float | None = 80e9, title="Memory per 
         ax.text(len(labels) - 0.5, budget / unit, f" {budget / unit:g} {unit_name}", va="bottom",
                 ha="right", fontsize=8)  # fmt: skip
     ax.set_ylabel(f"{unit_name} per GPU")
-    ax.legend(fontsize=8, loc="upper right")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))  # outside: no overlap
     ax.tick_params(axis="x", labelsize=8, rotation=20)
-    ax.figure.subplots_adjust(bottom=0.22)  # room for the labels above the footnote
+    ax.figure.subplots_adjust(bottom=0.22, right=0.8)  # room for labels and legend
     return fig or ax.figure
 
 

@@ -146,3 +146,20 @@ def test_measure_states_counts_what_adam_adds():
     got = M.measure_states(model, opt)
     want = M.estimate(model, precision="fp32", optimizer="adam")
     assert got.as_dict() == {k: v for k, v in want.as_dict().items()}
+
+
+def test_deepspeed_job_uses_the_deepspeed_launcher_on_one_node_and_torchrun_across_nodes():
+    import subprocess
+
+    from helpers.parallel import zero
+
+    one = zero.deepspeed_job("engaging", 1, 4, values={"env": "E"}, name="ds-zero", config="c.json")
+    last = one.rstrip("\n").splitlines()[-1]
+    assert last == "deepspeed --num_gpus=4 --master_port=$PORT ds_zero.py --deepspeed_config c.json"
+    assert "export OMP_NUM_THREADS=1" in one and "torchrun" not in last
+    two = zero.deepspeed_job("engaging", 2, 4, values={"env": "E"}, name="ds-zero", config="c.json")
+    last = two.rstrip("\n").splitlines()[-1]
+    assert last.startswith("srun torchrun --nnodes=$SLURM_NNODES --nproc-per-node=4")
+    assert last.endswith("ds_zero.py --deepspeed_config c.json")
+    for script in (one, two):  # both parse as bash
+        assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
