@@ -274,10 +274,11 @@ def simulate_like(meas: Timeline, schedule: str, v: int = 1) -> Timeline:
     measurement, so both bubbles count the same things.
     """
 
-    tf, tb = stage_means(meas.events, meas.p)
+    tf, tb = stage_means(meas.events, meas.p)  # per stage, its v chunks summed
     latency, overhead = gaps(meas.events, meas.p)
-    tf = [t + overhead for t in tf]
-    tb = [t + overhead for t in tb]
+    # simulate() runs each of the v chunk ops for tf/v: add v overheads so each op gets one
+    tf = [t + v * overhead for t in tf]
+    tb = [t + v * overhead for t in tb]
     sim = simulate(schedule, meas.p, meas.m, tf, tb, latency=latency, v=v)
     sim.events = [e._replace(start=e.start + overhead) for e in sim.events]
     sim.name = f"{schedule} simulated"

@@ -114,3 +114,30 @@ def test_bad_input_says_what_to_change():
         S.simulate("interleaved", 4, 6, v=2)
     with pytest.raises(ValueError, match="deadlocks"):  # stage 0 waits on B0 before sending F0
         S.simulate([[S.Op("B", 0), S.Op("F", 0)], [S.Op("F", 0), S.Op("B", 0)]], 2, 1)
+
+
+@pytest.mark.parametrize("schedule,v", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2)])
+def test_simulation_fed_with_a_timeline_reproduces_it(schedule, v):
+    # A "measurement" that is itself a simulation: simulate_like must find its stage times
+    # and its latency again (no per-op overhead), and give the same bubble and makespan.
+    from helpers.parallel import pipeline as PP
+
+    truth = S.simulate(schedule, 2, 4, tf=[1.0, 1.5], tb=[2.0, 3.0], latency=0.25, v=v)
+    again = PP.simulate_like(truth, schedule, v=v)
+    assert again.makespan == pytest.approx(truth.makespan)
+    assert again.bubble == pytest.approx(truth.bubble)
+    assert 0 <= again.bubble < 1
+
+
+@pytest.mark.parametrize("schedule,v", [("1f1b", 1), ("interleaved", 2)])
+def test_simulation_keeps_the_measured_box_lengths_when_ops_have_overhead(schedule, v):
+    # A gap of 0.1 before every box (per-op book-keeping): the simulation must draw each
+    # box as long as measured and the gap beside it, with one gap per chunk op.
+    from helpers.parallel import pipeline as PP
+
+    meas = S.simulate(schedule, 2, 4, tf=[1.0, 1.5], tb=[2.0, 3.0], latency=0.25, v=v)
+    meas.events = [e._replace(start=e.start + 0.1) for e in meas.events]
+    again = PP.simulate_like(meas, schedule, v=v)
+    got, want = PP.stage_means(again.events, 2), PP.stage_means(meas.events, 2)
+    assert got[0] == pytest.approx(want[0]) and got[1] == pytest.approx(want[1])
+    assert 0 <= again.bubble < 1
