@@ -97,10 +97,25 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     return (model(x).argmax(1) == y).float().mean().item()
 
 
-def fedavg(d: Dist, make_model, x, y, parts, x_test, y_test, *, rounds: int, local_epochs: int,
-           lr: float, batch: int, seed: int = 0) -> list[dict]:  # fmt: skip
+def fedavg(
+    d: Dist,
+    make_model,
+    x,
+    y,
+    parts,
+    x_test,
+    y_test,
+    *,
+    rounds: int,
+    local_epochs: int,
+    lr: float,
+    batch: int,
+    seed: int = 0,
+) -> list[dict]:
     """FedAvg with client ``d.rank`` holding samples ``parts[d.rank]`` of (x, y).
 
+    x: (n, C, H, W) all training samples, y: (n,) labels; parts: one index tensor
+    per rank (``split_clients``); a client only ever touches its own indices.
     Returns one row per round: dict(round, allreduces, acc) with the test
     accuracy of the averaged model (the same on every rank).
     """
@@ -118,8 +133,21 @@ def fedavg(d: Dist, make_model, x, y, parts, x_test, y_test, *, rounds: int, loc
     return rows
 
 
-def ddp_curve(d: Dist, make_model, x, y, parts, x_test, y_test, *, steps: int, lr: float,
-              batch: int, eval_at: list[int], seed: int = 0) -> list[dict]:  # fmt: skip
+def ddp_curve(
+    d: Dist,
+    make_model,
+    x,
+    y,
+    parts,
+    x_test,
+    y_test,
+    *,
+    steps: int,
+    lr: float,
+    batch: int,
+    eval_at: list[int],
+    seed: int = 0,
+) -> list[dict]:
     """Data-parallel SGD (torch DDP) on the same clients: one gradient all-reduce per step.
 
     Each rank draws batches of ``batch`` from its own part, cycling through
