@@ -88,7 +88,8 @@ def _errorbar(ax, rows, key, color, label, fmt="o"):
     med = np.array([r["seconds"] for r in rows]) * 1e3
     lo = np.array([r.get("lo", r["seconds"]) for r in rows]) * 1e3
     hi = np.array([r.get("hi", r["seconds"]) for r in rows]) * 1e3
-    ax.errorbar(xs, med, yerr=[med - lo, hi - med], fmt=fmt, color=color, capsize=2, label=label)
+    err = np.clip([med - lo, hi - med], 0, None)  # (2, points); quartiles always bracket the median
+    ax.errorbar(xs, med, yerr=err, fmt=fmt, color=color, capsize=2, label=label)
     return xs
 
 
@@ -214,7 +215,7 @@ def plot_ps_vs_ring(n_bytes: float, rows: list, measured_on: str):
         lo = t - np.array([r.get("lo", r["seconds"]) for r in pts]) * 1e3
         hi = np.array([r.get("hi", r["seconds"]) for r in pts]) * 1e3 - t
         x = np.arange(len(worlds)) + (j - 1) * 0.27
-        ax2.bar(x, t, width=0.27, yerr=[lo, hi], capsize=2, label=algo)
+        ax2.bar(x, t, width=0.27, yerr=np.clip([lo, hi], 0, None), capsize=2, label=algo)
     ax2.set_xticks(range(len(worlds)), [f"{w} ranks" for w in worlds])
     ax2.set_title("MEASURED: median time, bars = quartiles", fontsize=9)
     ax2.set_ylabel("time (ms)")
