@@ -21,8 +21,9 @@ def _explorer(page):
 def _state(explorer):
     """(the chart's image source, the verdict line) as the learner sees them."""
     src = explorer.locator(".widget-output img").first.get_attribute("src")
-    verdict = explorer.locator(".widget-html").filter(has_text="fit").first.inner_text()
-    return src, verdict
+    # text_content, not inner_text: JupyterLab may skip rendering cells scrolled out of view
+    verdict = explorer.locator(".widget-html").filter(has_text="fit").first.text_content()
+    return src, " ".join(verdict.split())
 
 
 def _run_to_the_end(lab, page, name):
@@ -58,9 +59,11 @@ def test_memory_explorer_redraws_and_says_what_fits(lab, lab_server, page):
     assert "ZeRO-0" not in verdict_before, verdict_before  # 7B under DDP needs > 80 GB
 
     explorer.locator(".widget-dropdown", has_text="Llama 2").locator("select").select_option("70B")
-    page.wait_for_function(
+    page.wait_for_function(  # the chart and the verdict both redrawn
         """([before]) => [...document.querySelectorAll('.widget-vbox .widget-output img')]
-                .some(img => img.src !== before)""",
+                .some(img => img.src !== before)
+            && [...document.querySelectorAll('.widget-html')]
+                .some(h => h.textContent.includes('nothing fits'))""",
         arg=[src_before],
         timeout=30_000,
     )
