@@ -54,6 +54,7 @@ def test_lab3_bench_job_runs_the_learners_pipeline(cluster, tmp_path):
     p = metrics["world_size"]
     assert p == 2 and metrics["backend"] == "gloo"
     assert metrics["max_relative_gradient_error"] < 1e-4  # float32: the whole model's gradients
+    assert 0.5 < metrics["parallel_devices"] < 1.5 * p  # how many ranks really ran at once
     assert [r["m"] for r in metrics["rows"]] == [1, 2, 4, 8]
     for row in metrics["rows"]:  # the learner's formulas ran in the job
         m = row["m"]
