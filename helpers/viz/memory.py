@@ -100,13 +100,16 @@ def explorer(budget: float = 80e9):
     import matplotlib.pyplot as plt
     from IPython.display import display
 
-    model = W.Dropdown(options=["7B", "13B", "70B"], value="7B", description="Llama 2")
-    dp = W.Dropdown(options=[1, 2, 4, 8, 16, 32, 64, 128], value=8, description="DP degree")
-    precision = W.ToggleButtons(options=["mixed", "fp32"], description="precision")
-    ckpt = W.Checkbox(value=False, description="activation checkpointing")
-    offload = W.Checkbox(value=False, description="CPU offload (stages 1-3)")
-    mb = W.IntSlider(value=1, min=1, max=16, description="micro-batch")
-    seq = W.Dropdown(options=[1024, 2048, 4096], value=4096, description="sequence")
+    wide = {"style": {"description_width": "initial"}}  # labels in full, not cut at 80 px
+    small = {"layout": W.Layout(width="180px"), **wide}
+    model = W.Dropdown(options=["7B", "13B", "70B"], value="7B", description="Llama 2", **small)
+    dp = W.Dropdown(options=[1, 2, 4, 8, 16, 32, 64, 128], value=8, description="DP degree",
+                    **small)  # fmt: skip
+    seq = W.Dropdown(options=[1024, 2048, 4096], value=4096, description="sequence", **small)
+    precision = W.ToggleButtons(options=["mixed", "fp32"], description="precision", **wide)
+    mb = W.IntSlider(value=1, min=1, max=16, description="micro-batch", **wide)
+    ckpt = W.Checkbox(value=False, description="activation checkpointing", indent=False)
+    offload = W.Checkbox(value=False, description="CPU offload (stages 1-3)", indent=False)
     verdict = W.HTML()
 
     def draw(model, dp, precision, ckpt, offload, mb, seq):
@@ -123,6 +126,7 @@ def explorer(budget: float = 80e9):
     controls = dict(model=model, dp=dp, precision=precision, ckpt=ckpt, offload=offload, mb=mb,
                     seq=seq)  # fmt: skip
     out = W.interactive_output(draw, controls)
-    box = W.VBox([W.HBox([model, dp, seq]), W.HBox([precision, ckpt, offload, mb]), verdict, out])
+    rows = [W.HBox([model, dp, seq]), W.HBox([precision, mb]), W.HBox([ckpt, offload])]
+    box = W.VBox([*rows, verdict, out])
     display(box)
     return box
