@@ -13,10 +13,21 @@ the learning rate is scaled from the ``--base-batch`` it was tuned for with
 
 Rank 0 writes the results with helpers.runs.write_metrics (throughput, loss
 per step, test accuracy) and, with ``--checkpoint PATH``, saves the model.
+
+Preemption-safe: with ``--ckpt-dir DIR`` the program checkpoints every
+``--ckpt-every`` steps (helpers.parallel.checkpoint), resumes by itself from the
+newest checkpoint in DIR, and on SIGUSR1 or SIGTERM (Slurm's warning, a requeue,
+torchrun stopping its ranks) checkpoints at the next step and exits 0 without
+writing metrics. With ``--deterministic true`` a resumed run ends with the same
+parameters, bit for bit, as an uninterrupted one (same world size and threads).
 """
 
 from __future__ import annotations
 
+import hashlib
+import itertools
+import os
+import signal
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -26,10 +37,11 @@ from torch import nn
 
 from helpers import data, dist, models
 from helpers.config import parse
-from helpers.parallel import ddp
+from helpers.parallel import checkpoint, ddp
 from helpers.runs import write_metrics
 from helpers.training import lr as lr_rules
 from helpers.training.loop import phase
+from helpers.training.resume import Preemption
 
 
 @dataclass
@@ -60,6 +72,15 @@ class DDPConfig:
     checkpoint: str = ""  # rank 0 saves the final model here
     evaluate: bool = True
     verbose: bool = True
+    # Preemption safety: checkpoints in ckpt_dir, resume from the newest one there.
+    ckpt_dir: str = ""
+    ckpt_every: int = 0  # steps between checkpoints (0: only on a signal and at the end)
+    keep: int = 2  # newest checkpoints kept
+    deterministic: bool = False  # torch.use_deterministic_algorithms: bit-identical resumes
+    # Fault injection for tests and demos: sleep after each step; the last rank
+    # SIGKILLs itself after step crash_at_step, unless it resumed from a checkpoint.
+    step_delay: float = 0.0
+    crash_at_step: int = 0
 
 
 def _evaluate(model: nn.Module, test_ds, d: dist.Dist, batch_size: int = 500) -> float:
@@ -85,7 +106,12 @@ def _evaluate(model: nn.Module, test_ds, d: dist.Dist, batch_size: int = 500) ->
 
 
 def train(d: dist.Dist, cfg: DDPConfig) -> dict:
-    """Train on this rank and return the run's metrics (identical on every rank)."""
+    """Train on this rank and return the run's metrics (identical on every rank).
+
+    With cfg.ckpt_dir, a run stopped by a signal returns {"preempted": True, ...}.
+    """
+    if cfg.deterministic:
+        torch.use_deterministic_algorithms(True)
     dist.seed_all(cfg.seed)  # same seed on every rank: same data and same initial weights
     loader, test_ds, info = _data(d, cfg)
     model = models.create(info.name, num_classes=info.num_classes).to(d.device)
@@ -97,11 +123,14 @@ def train(d: dist.Dist, cfg: DDPConfig) -> dict:
     opt = torch.optim.SGD(net.parameters(), lr=peak_lr, momentum=cfg.momentum)
     sched = lr_rules.warmup_scheduler(opt, cfg.lr, peak_lr, cfg.warmup_steps)
 
+    resumed = _resume(d, cfg, net, opt, sched)
     start = time.perf_counter()
-    log = _train_epochs(
-        d, cfg, loader, net, opt, sched, manual=distributed and cfg.sync == "manual"
-    )
+    manual = distributed and cfg.sync == "manual"
+    with Preemption() if cfg.ckpt_dir else _NoPreemption() as stop:
+        log = _train_epochs(d, cfg, loader, net, opt, sched, manual, resumed, stop)
     wall = time.perf_counter() - start
+    if log["preempted"]:
+        return {"preempted": True, "step": log["step"], "signal": stop.received}
 
     # One all_reduce for the whole loss curve instead of one per step.
     curve = torch.tensor(log["losses"], dtype=torch.float64, device=d.device)
@@ -125,6 +154,11 @@ def train(d: dist.Dist, cfg: DDPConfig) -> dict:
         "steps": len(log["losses"]),
         # max |w_rank - w_rank0|: 0.0 when replicas agree
         "replica_spread": ddp.replica_spread(model) if distributed else 0.0,
+        # Bit-level fingerprint of the final weights: equal digests = identical runs.
+        "params_sha256": hashlib.sha256(
+            ddp.flat_params(model).detach().cpu().numpy().tobytes()
+        ).hexdigest(),
+        "resumed_at": log["resumed_at"],  # steps this run resumed after (empty: never stopped)
         "wall_s": wall,
         "data": info.description,
         "config": asdict(cfg),
@@ -154,16 +188,70 @@ def _data(d: dist.Dist, cfg: DDPConfig):
     return loader, test_ds, info
 
 
-def _train_epochs(d, cfg, loader, net, opt, sched, manual: bool) -> dict:
+class _NoPreemption:
+    """Without a checkpoint directory a signal keeps its default effect (the run ends)."""
+
+    received = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    def requested(self, d) -> bool:
+        return False
+
+
+def _resume(d: dist.Dist, cfg: DDPConfig, net, opt, sched) -> checkpoint.Checkpoint | None:
+    """Load the newest checkpoint in cfg.ckpt_dir, if there is one (every rank calls it)."""
+    last = checkpoint.latest(cfg.ckpt_dir) if cfg.ckpt_dir else None
+    if last is None:
+        return None
+    ckpt = checkpoint.load(last, net, opt, d)
+    sched.load_state_dict(ckpt.extra["scheduler"])
+    dist.print0(f"resuming from {last} (step {ckpt.step})")
+    return ckpt
+
+
+def _save(d, cfg, net, opt, sched, log: dict, position: dict) -> None:
+    checkpoint.save(
+        cfg.ckpt_dir, log["step"], net, opt, d, data=position, keep=cfg.keep,
+        extra={"scheduler": sched.state_dict()},
+        rank_state={k: log[k] for k in ("losses", "lrs", "resumed_at")},
+    )  # fmt: skip
+
+
+def _batches(loader, cfg, epoch: int, ckpt, first: bool):
+    """This epoch's batches from where the run stands, and the position to save with them.
+
+    On the first epoch of a resumed run: the same order as before (sampler epoch
+    or generator state), the batches already done skipped, then the RNG states
+    put back (creating the iterator drew random numbers of its own).
+    """
+    resuming = first and ckpt is not None
+    gen_state = ckpt.data.get("generator") if resuming else None
+    gen_state = checkpoint.start_epoch(loader, epoch if cfg.set_epoch else 0, gen_state)
+    offset = ckpt.data["offset"] if resuming else 0
+    batches = itertools.islice(iter(loader), offset, None)
+    if resuming:
+        checkpoint.set_rng_state(ckpt.rng)
+    return batches, offset, gen_state
+
+
+def _train_epochs(d, cfg, loader, net, opt, sched, manual: bool, ckpt, stop) -> dict:
     """The data-parallel loop; each phase is a named range for the profiler and nsys."""
-    losses: list[float] = []  # this rank's loss per step; averaged over ranks at the end
-    lrs: list[float] = []
-    timed_steps, elapsed = 0, 0.0
-    for epoch in range(cfg.epochs):
-        if cfg.set_epoch:
-            data.set_epoch(loader, epoch)  # a new permutation each epoch (same on all ranks)
-        for step, (x, y) in enumerate(loader):
-            if cfg.max_steps and step >= cfg.max_steps:
+    # This rank's loss per step (averaged over ranks at the end), restored on resume.
+    log = {"losses": [], "lrs": [], "resumed_at": [], "step": 0, "preempted": False}
+    if ckpt is not None:
+        log.update(ckpt.rank_state, step=ckpt.step)
+        log["resumed_at"] = [*log["resumed_at"], ckpt.step]
+    timed_steps, elapsed, done_here = 0, 0.0, 0
+    first_epoch = ckpt.data["epoch"] if ckpt is not None else 0
+    for epoch in range(first_epoch, cfg.epochs):
+        batches, offset, gen_state = _batches(loader, cfg, epoch, ckpt, epoch == first_epoch)
+        for i, (x, y) in enumerate(batches, start=offset):
+            if cfg.max_steps and i >= cfg.max_steps:
                 break
             t = time.perf_counter()
             x, y = x.to(d.device), y.to(d.device)
@@ -175,24 +263,51 @@ def _train_epochs(d, cfg, loader, net, opt, sched, manual: bool) -> dict:
             if manual:
                 with phase("allreduce"):
                     ddp.average_gradients(net, d.world_size)
-            lrs.append(opt.param_groups[0]["lr"])
+            log["lrs"].append(opt.param_groups[0]["lr"])
             with phase("optimizer"):
                 opt.step()
                 sched.step()
-            losses.append(loss.item())
-            if len(losses) > 1:  # the first step pays one-off costs (allocation, DDP setup)
+            log["losses"].append(loss.item())
+            log["step"] += 1
+            done_here += 1
+            if done_here > 1:  # this process's first step pays one-off costs (DDP setup)
                 elapsed += time.perf_counter() - t
                 timed_steps += 1
-        if cfg.verbose:
-            dist.print0(f"epoch {epoch}: last loss {losses[-1]:.3f}, lr {lrs[-1]:.3g}")
-    return {"losses": losses, "lrs": lrs, "elapsed": elapsed, "timed_steps": timed_steps}
+            _inject_faults(d, cfg, log["step"], resumed=ckpt is not None)
+            position = {"epoch": epoch, "offset": i + 1, "generator": gen_state}
+            if stop.requested(d):  # every rank agrees, so all save the same step
+                _save(d, cfg, net, opt, sched, log, position)
+                dist.print0(f"stopped by {stop.received} after step {log['step']}: "
+                            f"checkpoint in {cfg.ckpt_dir}, exiting to be requeued")  # fmt: skip
+                return {**log, "preempted": True}
+            if cfg.ckpt_dir and cfg.ckpt_every and log["step"] % cfg.ckpt_every == 0:
+                _save(d, cfg, net, opt, sched, log, position)
+        if cfg.verbose and log["losses"]:
+            dist.print0(f"epoch {epoch}: last loss {log['losses'][-1]:.3f}, "
+                        f"lr {log['lrs'][-1]:.3g}")  # fmt: skip
+    saved = cfg.ckpt_every and log["step"] % cfg.ckpt_every == 0
+    if cfg.ckpt_dir and not saved:  # a requeued run that had finished resumes here and stops
+        _save(d, cfg, net, opt, sched, log, {"epoch": cfg.epochs, "offset": 0})
+    return {**log, "elapsed": elapsed, "timed_steps": timed_steps}
+
+
+def _inject_faults(d, cfg, step: int, resumed: bool) -> None:
+    if cfg.step_delay:
+        time.sleep(cfg.step_delay)
+    if cfg.crash_at_step == step and d.rank == d.world_size - 1 and not resumed:
+        # The wall-clock time lets a test measure how long the others take to stop.
+        print(f"rank {d.rank}: killing myself (SIGKILL) after step {step} at {time.time():.3f}",
+              flush=True)  # fmt: skip
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def main(argv: list[str] | None = None) -> None:
     cfg = parse(DDPConfig, argv)
     with dist.session() as d:
         dist.print0(f"{d}; global batch {cfg.batch_size * d.world_size}")
-        write_metrics(train(d, cfg))
+        metrics = train(d, cfg)
+        if not metrics.get("preempted"):  # a preempted run is not finished: no results yet
+            write_metrics(metrics)
 
 
 if __name__ == "__main__":
