@@ -15,6 +15,7 @@ __all__ = [
     "TERMINAL",
     "run",
     "slurm_available",
+    "slurm_version",
     "job_state",
     "job_times",
     "base_state",
@@ -40,7 +41,11 @@ def run(cmd: Sequence[str], cwd=None, timeout: float = 30) -> subprocess.Complet
 
 
 def slurm_available(timeout: float = 10) -> tuple[bool, str]:
-    """(True, '') when sbatch exists and the controller answers, else (False, why)."""
+    """(True, what answered) when sbatch exists and the controller answers, else (False, why).
+
+    What answered is read, never assumed: ``sinfo --version`` and the controller
+    line of ``scontrol ping``, e.g. "slurm-wlm 22.05.8; Slurmctld(primary) at vm is UP".
+    """
     if shutil.which("sbatch") is None:
         return False, "no sbatch on PATH"
     try:
@@ -52,7 +57,16 @@ def slurm_available(timeout: float = 10) -> tuple[bool, str]:
             False,
             f"the Slurm controller is not responding ({(ping.stdout + ping.stderr).strip()})",
         )
-    return True, ""
+    return True, "; ".join(filter(None, [slurm_version(timeout), ping.stdout.strip()]))
+
+
+def slurm_version(timeout: float = 10) -> str:
+    """What ``sinfo --version`` prints (e.g. "slurm-wlm 22.05.8"), or "" if it says nothing."""
+    try:
+        out = run(["sinfo", "--version"], timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return out.stdout.strip() if out.returncode == 0 else ""
 
 
 def job_state(job_id: str) -> str:

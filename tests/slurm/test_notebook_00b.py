@@ -54,6 +54,11 @@ def test_committed_notebook_has_no_outputs():
 
 def test_notebook_submits_to_the_local_cluster(cluster, tmp_path):
     text = text_of(run_notebook(tmp_path, {}))
+    version = subprocess.run(["sinfo", "--version"], capture_output=True, text=True).stdout.strip()
+    assert version and f"Slurm is reachable ({version};" in text  # read, never hard-coded
+    assert "PENDING" in text and "RUNNING" in text and "COMPLETED" in text
+    assert "after cancel(): CANCELLED" in text and "queued (s)" in text
+    assert "--- log of rank 1 (tail)" in text and "[rank1]" in text
     assert "submitted job" in text and "'sum': 3.0" in text and "'world_size': 2" in text
     assert "re-attached to job" in text and "same job: True" in text
 
@@ -66,3 +71,15 @@ def test_notebook_runs_write_only_when_the_controller_is_down(cluster, tmp_path)
     text = text_of(run_notebook(tmp_path, {"SLURM_CONF": str(conf)}))
     assert "write-only mode: the Slurm controller is not responding" in text
     assert "helpers.launch.run(" in text and "submitted job" not in text
+    # Nothing it did not observe: no states, timings, logs or metrics of a job that never ran.
+    for unseen in (
+        "Slurm is reachable",
+        "COMPLETED",
+        "RUNNING",
+        "metrics written",
+        "queued (s)",
+        "log of rank",
+        "after cancel()",
+        "slurm-wlm",
+    ):
+        assert unseen not in text, unseen
