@@ -1,0 +1,120 @@
+"""Every lab's cluster cells on the local Slurm cluster: the learner's own code runs as a job.
+
+A lab is picked up here as soon as its solution notebook has a ``%%sbatch`` cell
+(labs 0-4 today; a new lab needs no edit). papermill runs the solution top to
+bottom (SMOKE) in a scratch directory, so its ``%%program`` cells write the
+learner's answers to programs/ and its ``%%sbatch NAME`` cell submits a real job
+whose driver imports them. The test then checks, for every such cell:
+
+- the job COMPLETED in Slurm and rank 0's metrics came back into the notebook
+  (the result cell printed them, not the "not submitted" message);
+- the run directory holds a copy of each learner module the driver imports,
+  identical to the one the ``%%program`` cell wrote: the job ran the learner's code;
+- the metrics show as many gloo ranks as the cell asked for, and where this file
+  knows the lab, that the learner's code gave the right answer inside the job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from helpers.cluster.slurmcli import job_state
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+TOP = Path(__file__).resolve().parents[2]
+SBATCH = re.compile(r"^%%sbatch\s+(\S+)(.*)$", re.M)
+
+
+def sbatch_cells(nb) -> list[tuple[str, str, str]]:
+    """(job name, magic line arguments, cell source) of each %%sbatch cell."""
+    found = []
+    for cell in nb.cells:
+        m = SBATCH.match(cell.source) if cell.cell_type == "code" else None
+        if m:
+            found.append((m.group(1), m.group(2), cell.source))
+    return found
+
+
+def labs_with_jobs() -> list[Path]:
+    return [
+        p
+        for p in sorted((TOP / "solutions").glob("lab*/lab*.ipynb"))
+        if sbatch_cells(nbformat.read(p, as_version=4))
+    ]
+
+
+def ranks_asked(args: str) -> int:
+    def option(flag: str) -> int:
+        m = re.search(rf"--{flag}[ =](\d+)", args)
+        return int(m.group(1)) if m else 1
+
+    return option("nodes") * option("gpus-per-node")
+
+
+# What the learner's code must have computed inside the job, per lab (metrics of rank 0).
+CORRECT = {
+    "lab0": lambda r: r["your_mean"] == pytest.approx(r["expected_mean"], rel=1e-9),
+    "lab1": lambda r: r["rows"] and all(row["equal"] for row in r["rows"]),
+    "lab2": lambda r: r["max_abs_diff"] < 1e-5,
+    "lab3": lambda r: r["max_relative_gradient_error"] < 1e-4,
+    "lab4": lambda r: r["max_abs_error"] < 1e-4,
+}
+
+
+def outputs_after(nb, source: str) -> str:
+    """Text output of the cell that follows the %%sbatch cell (the result cell)."""
+    cells = [c for c in nb.cells if c.cell_type == "code"]
+    i = next(k for k, c in enumerate(cells) if c.source == source)
+    parts = []
+    for o in cells[i + 1].get("outputs", []):
+        data = o.get("data", {})
+        parts.append(
+            o.get("text", "") or data.get("text/markdown", "") or data.get("text/plain", "")
+        )
+    return "\n".join(map(str, parts))
+
+
+@pytest.mark.parametrize("lab", labs_with_jobs(), ids=lambda p: p.parent.name)
+def test_lab_job_runs_the_learners_code(cluster, tmp_path, lab):
+    work, runs = tmp_path / lab.parent.name, tmp_path / "runs"
+    shutil.copytree(lab.parent, work, ignore=shutil.ignore_patterns("programs", ".ipynb*"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "papermill", "--cwd", str(work), str(work / lab.name),
+         str(work / "out.ipynb"), "-p", "SMOKE", "True", "--kernel", "python3"],
+        env={**os.environ, "WORKBOOK_RUNS": str(runs), "PYTHONPATH": str(TOP)},
+        capture_output=True, text=True, timeout=1200,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    nb = nbformat.read(work / "out.ipynb", as_version=4)
+
+    for name, args, source in sbatch_cells(nb):
+        [run_dir] = [m.parent for m in (runs / name).glob("*/metrics.json")]
+        [log] = run_dir.glob("slurm-*.out")
+        job_id = log.stem.removeprefix("slurm-")
+        assert job_state(job_id).split()[0] == "COMPLETED", log.read_text()[-2000:]
+
+        shown = outputs_after(nb, source)
+        assert shown.strip() and "not submitted" not in shown, shown  # the result came back
+
+        imported = re.findall(r"^from (\w+) import", source, re.M)
+        mine = [m for m in imported if (work / "programs" / f"{m}.py").is_file()]
+        assert mine, f"{name}: the driver imports no %%program module of the learner"
+        for module in mine:
+            kept = run_dir / f"{module}.py"
+            assert kept.read_text() == (work / "programs" / f"{module}.py").read_text(), module
+
+        metrics = json.loads((run_dir / "metrics.json").read_text())
+        assert metrics["world_size"] == ranks_asked(args) and metrics["backend"] == "gloo"
+        check = CORRECT.get(lab.parent.name)
+        if check is not None:
+            assert check(metrics), metrics
