@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from helpers.cluster.history import job_history
 from helpers.cluster.jobscript import PORT_BASE, JobSpec, check_job_name, render
 from helpers.cluster.modules import sibling_imports
 from helpers.cluster.profiles import ProfileError, load_profile
@@ -67,6 +68,8 @@ class Job:
     values: dict = field(default_factory=dict)  # profile fields: account, env, ...
     nsys: bool = False
     nccl_debug: bool = False
+    signal: str = ""  # e.g. "USR1@90": a warning signal before the time limit
+    requeue: bool = False  # back to the queue when preempted or stopped by the signal
     job_id: str | None = field(default=None, init=False)
     run_dir: Path | None = field(default=None, init=False)
 
@@ -106,6 +109,8 @@ class Job:
             run_dir=run_dir,
             nsys=self.nsys,
             nccl_debug=self.nccl_debug,
+            signal=self.signal,
+            requeue=self.requeue,
         )
         return render(spec)
 
@@ -210,7 +215,8 @@ class Job:
             state = base_state(job_state(self.job_id))
             if state != self._state:
                 self._state = state
-                self._save_record()
+                seen = self._load_record().get("states", [])  # every change this Job saw
+                self._save_record(states=[*seen, [round(time.time(), 1), state]])
         return self._state
 
     def wait(self, timeout: float | None = None, poll: float = 0.5, progress: bool = True) -> str:
@@ -254,6 +260,14 @@ class Job:
             return "NOT_SUBMITTED"
         run(["scancel", str(self.job_id)])
         return self.wait(timeout=timeout, progress=False)
+
+    def history(self) -> dict:
+        """Every run of a requeued job: Slurm's restart count, the runs its log records
+        (start time, the signal that stopped it), the state changes this Job saw."""
+        if not self.job_id:
+            return {"job_id": None, "state": "NOT_SUBMITTED", "restarts": 0, "runs": []}
+        return {**job_history(self.job_id, self.log_path),
+                "states_seen": self._load_record().get("states", [])}  # fmt: skip
 
     @property
     def log_path(self) -> Path | None:

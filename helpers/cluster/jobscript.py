@@ -38,12 +38,14 @@ __all__ = [
     "shape_of",
     "check_time",
     "check_job_name",
+    "check_signal",
     "templates_dir",
     "PORT_BASE",
 ]
 
 PORT_BASE = 29500  # rendezvous port = PORT_BASE + job id % 20000
 _TIME = re.compile(r"(\d+-)?\d{1,3}(:\d{2}){0,2}")
+_SIGNAL = re.compile(r"(?:B:)?(USR1|USR2|TERM|INT)@(\d{1,5})")
 
 
 def templates_dir() -> Path:
@@ -74,6 +76,24 @@ class JobSpec:
     run_dir: str | None = None  # where metrics and profiles go (None: not known yet)
     nsys: bool = False
     nccl_debug: bool = False
+    # Preemption: signal="USR1@90" asks Slurm for SIGUSR1 90 s before the time limit
+    # (to the batch shell, which passes it to the ranks); requeue=True lets the job
+    # go back to the queue after it was preempted, requeued, or stopped by the signal.
+    signal: str = ""
+    requeue: bool = False
+
+
+def check_signal(signal: str) -> tuple[str, int] | None:
+    """'USR1@90' (or 'B:USR1@90') -> ("USR1", 90); '' -> None."""
+    if not signal:
+        return None
+    m = _SIGNAL.fullmatch(signal) if isinstance(signal, str) else None
+    if not m:
+        raise ValueError(
+            f"invalid signal {signal!r}: use NAME@SECONDS with NAME one of USR1, USR2, TERM, "
+            "INT, e.g. 'USR1@90' (SIGUSR1 90 s before the time limit)"
+        )
+    return m.group(1), int(m.group(2))
 
 
 def shape_of(nodes: int, gpus_per_node: int) -> str:
@@ -92,6 +112,7 @@ def check_job_name(name: str) -> str:
 def _check(spec: JobSpec) -> None:
     check_job_name(spec.name)
     check_time(spec.time)
+    check_signal(spec.signal)
     for what, n in (("nodes", spec.nodes), ("gpus_per_node", spec.gpus_per_node)):
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"{what} must be a whole number >= 1, got {n!r}")
@@ -125,6 +146,13 @@ def _directives(spec: JobSpec) -> list[dict]:
         (f"--time={spec.time}", "wall-clock limit: the job is killed after it"),
         ("--output=slurm-%j.out", "stdout and stderr, relative to the submit directory"),
     ]
+    warn = check_signal(spec.signal)
+    if warn:
+        lines.append((f"--signal=B:{warn[0]}@{warn[1]}",
+                      f"SIG{warn[0]} to the batch shell {warn[1]} s before the time limit"))  # fmt: skip
+    if spec.requeue:
+        lines.append(("--requeue", "back to the queue after a preemption or a node failure"))
+        lines.append(("--open-mode=append", "a requeued run appends to slurm-%j.out"))
     for d in p.directives:
         value = p.fill(d.value, spec.values, quote=False)
         lines.append((f"{d.flag}={value}" if value else d.flag, d.why))
@@ -189,6 +217,9 @@ def render(spec: JobSpec) -> str:
         nsys=spec.nsys,
         nccl_debug=spec.nccl_debug,
         command=launch_command(spec),
+        preemptible=bool(spec.signal or spec.requeue),
+        requeue=spec.requeue,
+        shape=shape,
         nodes=spec.nodes,
         gpus=spec.gpus_per_node,
         port_base=PORT_BASE,
