@@ -33,7 +33,7 @@ def test_without_the_options_nothing_changes():
 
 def test_signal_without_requeue_says_how_to_resume():
     text = preview("local", 1, 2, signal="B:USR2@30")
-    assert "#SBATCH --signal=B:USR2@30" in text and "--requeue" not in text
+    assert "#SBATCH --signal=B:USR2@30" in text and "#SBATCH --requeue" not in text
     assert 'scontrol requeue "$SLURM_JOB_ID"' not in text and "resubmit to resume" in text
 
 
