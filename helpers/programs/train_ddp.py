@@ -37,7 +37,7 @@ from torch import nn
 
 from helpers import data, dist, models
 from helpers.config import parse
-from helpers.parallel import checkpoint, ddp
+from helpers.parallel import checkpoint, ddp, fsdp
 from helpers.runs import write_metrics
 from helpers.training import lr as lr_rules
 from helpers.training.loop import phase
@@ -65,8 +65,9 @@ class DDPConfig:
     momentum: float = 0.9
     bucket_cap_mb: float = 0.0  # 0: torch's default (25 MiB)
     # ddp: DistributedDataParallel; manual: average_gradients after backward;
-    # none: no averaging at all (replicas drift apart: the bug to recognise)
-    sync: str = field(default="ddp", metadata={"choices": ("ddp", "manual", "none")})
+    # none: no averaging at all (replicas drift apart: the bug to recognise);
+    # fsdp: FSDP2 fully_shard (each rank holds 1/N of the weights; checkpoints are sharded)
+    sync: str = field(default="ddp", metadata={"choices": ("ddp", "manual", "none", "fsdp")})
     set_epoch: bool = True
     seed: int = 0
     checkpoint: str = ""  # rank 0 saves the final model here
@@ -116,8 +117,7 @@ def train(d: dist.Dist, cfg: DDPConfig) -> dict:
     loader, test_ds, info = _data(d, cfg)
     model = models.create(info.name, num_classes=info.num_classes).to(d.device)
     distributed = dist.is_initialized()
-    net = ddp.wrap(model, d, bucket_cap_mb=cfg.bucket_cap_mb or None) if (
-        distributed and cfg.sync == "ddp") else model  # fmt: skip
+    net = _wrap(model, d, cfg, distributed)
     global_batch = cfg.batch_size * d.world_size
     peak_lr = lr_rules.scale_lr(cfg.lr, global_batch / cfg.base_batch, cfg.lr_rule)
     opt = torch.optim.SGD(net.parameters(), lr=peak_lr, momentum=cfg.momentum)
@@ -139,6 +139,8 @@ def train(d: dist.Dist, cfg: DDPConfig) -> dict:
         tdist.all_reduce(curve)
         curve /= d.world_size
         tdist.all_reduce(timing, op=tdist.ReduceOp.MAX)  # the slowest rank sets the pace
+    replicas = distributed and cfg.sync != "fsdp"
+    flat = fsdp.full_params(model) if cfg.sync == "fsdp" else ddp.flat_params(model)
     if cfg.checkpoint:
         ddp.save_checkpoint(cfg.checkpoint, model, d, optimizer=opt, epoch=cfg.epochs)
     metrics = {
@@ -153,11 +155,10 @@ def train(d: dist.Dist, cfg: DDPConfig) -> dict:
         "samples_per_s": global_batch * log["timed_steps"] / max(float(timing[0]), 1e-9),
         "steps": len(log["losses"]),
         # max |w_rank - w_rank0|: 0.0 when replicas agree
-        "replica_spread": ddp.replica_spread(model) if distributed else 0.0,
+        # (FSDP keeps one sharded copy: nothing can drift)
+        "replica_spread": ddp.replica_spread(model) if replicas else 0.0,
         # Bit-level fingerprint of the final weights: equal digests = identical runs.
-        "params_sha256": hashlib.sha256(
-            ddp.flat_params(model).detach().cpu().numpy().tobytes()
-        ).hexdigest(),
+        "params_sha256": hashlib.sha256(flat.detach().cpu().numpy().tobytes()).hexdigest(),
         "resumed_at": log["resumed_at"],  # steps this run resumed after (empty: never stopped)
         "wall_s": wall,
         "data": info.description,
@@ -167,6 +168,22 @@ def train(d: dist.Dist, cfg: DDPConfig) -> dict:
         metrics["test_acc"] = _evaluate(model, test_ds, d)
         dist.print0(f"test accuracy {metrics['test_acc']:.3f}")
     return metrics
+
+
+def _wrap(model: nn.Module, d: dist.Dist, cfg: DDPConfig, distributed: bool) -> nn.Module:
+    """The model as the loop trains it: DDP, FSDP2-sharded, or as it is (manual, none)."""
+    if cfg.sync == "fsdp":
+        if cfg.checkpoint:
+            raise ValueError("--checkpoint saves a replicated model: with --sync fsdp use "
+                             "--ckpt-dir (sharded checkpoints written by every rank)")  # fmt: skip
+        from torch.distributed.device_mesh import init_device_mesh
+
+        # One mesh dimension over all ranks: every layer sharded on dim 0 across them.
+        mesh = init_device_mesh(d.device.type, (d.world_size,))
+        return fsdp.apply_fsdp(model, mesh)
+    if distributed and cfg.sync == "ddp":
+        return ddp.wrap(model, d, bucket_cap_mb=cfg.bucket_cap_mb or None)
+    return model
 
 
 def _data(d: dist.Dist, cfg: DDPConfig):

@@ -189,3 +189,28 @@ def test_torchrun_elastic_restart_resumes_from_the_last_checkpoint(tmp_path, uni
     assert m["resumed_at"] == [8]  # torchrun restarted both ranks; they went on from step 8
     assert m["loss"] == uninterrupted["loss"]
     assert m["params_sha256"] == uninterrupted["params_sha256"]
+
+
+# --------------------------------------------------------------------------- FSDP
+
+
+def test_fsdp_sharded_checkpoint_resumes_bit_identical(tmp_path):
+    """FSDP2: each rank writes only its own shards (DCP), and reads them back."""
+    fsdp_args = [*ARGS, "--sync", "fsdp"]
+    ref = launch.run(program.__file__, nproc=2, name="test-ckpt-fsdp", timeout=300,
+                     args=fsdp_args, stream=False)  # fmt: skip
+    ref.raise_for_status()
+    ckpt = tmp_path / "ckpt"
+    args = [*fsdp_args, "--ckpt-dir", ckpt, "--ckpt-every", 4, "--crash-at-step", 6]
+    crashed = launch.run(program.__file__, nproc=2, name="test-ckpt-fsdp", timeout=300,
+                         args=args, stream=False)  # fmt: skip
+    assert not crashed.ok and crashed.failed_rank == 1
+    shards = sorted(p.name for p in (checkpoint.latest(ckpt) / "state").glob("*.distcp"))
+    assert shards == ["__0_0.distcp", "__1_0.distcp"]  # one file per rank: its own shards
+    resumed = launch.run(program.__file__, nproc=2, name="test-ckpt-fsdp", timeout=300,
+                         args=args, stream=False)  # fmt: skip
+    resumed.raise_for_status()
+    m = resumed.metrics
+    assert m["resumed_at"] == [4] and m["steps"] == STEPS
+    assert m["loss"] == ref.metrics["loss"]
+    assert m["params_sha256"] == ref.metrics["params_sha256"]

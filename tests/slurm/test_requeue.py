@@ -31,14 +31,21 @@ ARGS = ["--epochs", 2, "--n-train", 384, "--n-test", 40, "--batch-size", 16,
 STEPS = 24
 
 
-@pytest.fixture(scope="module")
-def uninterrupted():
-    # One thread per rank, as the local profile's jobs run (OMP_NUM_THREADS=1).
-    res = launch.run(program.__file__, nproc=2, name="test-requeue-ref", args=ARGS,
-                     timeout=300, threads=1, stream=False)  # fmt: skip
-    res.raise_for_status()
-    assert res.metrics["steps"] == STEPS
-    return res.metrics
+_REFERENCES: dict[str, dict] = {}
+
+
+@pytest.fixture(params=["ddp", "fsdp"])
+def uninterrupted(request):
+    """(sync, metrics of the same training never stopped), once per module and sync."""
+    sync = request.param
+    if sync not in _REFERENCES:
+        # One thread per rank, as the local profile's jobs run (OMP_NUM_THREADS=1).
+        res = launch.run(program.__file__, nproc=2, name="test-requeue-ref", timeout=300,
+                         args=[*ARGS, "--sync", sync], threads=1, stream=False)  # fmt: skip
+        res.raise_for_status()
+        assert res.metrics["steps"] == STEPS
+        _REFERENCES[sync] = res.metrics
+    return sync, _REFERENCES[sync]
 
 
 def _poll(what: str, ok, timeout: float, every: float = 0.3):
@@ -51,10 +58,11 @@ def _poll(what: str, ok, timeout: float, every: float = 0.3):
     raise AssertionError(f"{what}: not within {timeout:.0f} s")
 
 
-def _interrupt_and_resume(tmp_path, interrupt: list[str], expected_signal: str, uninterrupted):
+def _interrupt_and_resume(tmp_path, interrupt: list[str], expected_signal: str, reference):
+    sync, uninterrupted = reference
     ckpt = tmp_path / "ckpt"
     job = Job(f"requeue-{secrets.token_hex(3)}", program.__file__, nodes=1, gpus_per_node=2,
-              args=[*ARGS, "--ckpt-dir", ckpt, "--ckpt-every", 4, "--step-delay", 0.4],
+              args=[*ARGS, "--sync", sync, "--ckpt-dir", ckpt, "--ckpt-every", 4, "--step-delay", 0.4],
               signal="USR1@60", requeue=True, time="00:05:00")  # fmt: skip
     assert "#SBATCH --signal=B:USR1@60" in job.write().read_text()
     job.submit()
