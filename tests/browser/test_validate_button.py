@@ -2,7 +2,9 @@
 
 The learner opens the released lab 0, presses Validate and is told the lab does
 not pass; types the answers into the solution cells (as text, the way a paste
-does), presses Validate again and sees nbgrader's success message.
+does), presses Validate again and sees nbgrader's success message. The stub's
+failures on several ranks say "all N ranks raised NotImplementedError" and show the
+rank's traceback, with no frames of helpers/launch.
 """
 
 from __future__ import annotations
@@ -61,6 +63,9 @@ def test_validate_fails_on_the_stub_and_passes_once_answered(lab, lab_server, pa
     stub = _validate(page)
     assert SUCCESS not in stub, stub
     assert "fail" in stub.lower() or "error" in stub.lower(), stub
+    # A failure on the ranks reads as the rank's own error, not the launcher's internals.
+    assert "ranks raised NotImplementedError" in stub and "Traceback from rank" in stub, stub
+    assert "helpers/launch" not in stub and "pool.py" not in stub, stub
 
     released = nbformat.read(lab_server.root / name, as_version=4)
     solution = nbformat.read(REPO / SOLUTION, as_version=4)
