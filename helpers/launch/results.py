@@ -64,7 +64,8 @@ class RankFailure(RuntimeError):
             stopped = [r for r in range(n) if r not in failed] if n else []
             tail = f"; ranks {', '.join(map(str, stopped))} were stopped" if stopped else ""
             return f"ranks {who} failed (rank {self.rank} shown){tail}: {self.summary}"
-        stopped = f"; the other {n - 1} rank(s) were stopped" if n and n > 1 else ""
+        others = "the other rank was" if n == 2 else f"the other {n - 1} ranks were"
+        stopped = f"; {others} stopped" if n and n > 1 else ""
         return f"{self._who()} failed{stopped}: {self.summary}"
 
     def _render_traceback_(self) -> list[str]:

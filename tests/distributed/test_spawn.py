@@ -197,7 +197,9 @@ def test_one_failing_rank_is_named_and_the_others_reported_stopped():
     with pytest.raises(RankFailure) as info:
         launch.spawn(_rank1_raises, world_size=3)
     assert info.value.failed == [1]
-    assert info.value.headline().startswith("rank 1 failed; the other 2 rank(s) were stopped")
+    assert info.value.headline().startswith("rank 1 failed; the other 2 ranks were stopped")
+    two = launch.RankFailure(1, "KeyError: 'x'", failed=[1], world_size=2)
+    assert two.headline() == "rank 1 failed; the other rank was stopped: KeyError: 'x'"
 
 
 def test_warm_up_in_the_background_then_spawn(tmp_path):
