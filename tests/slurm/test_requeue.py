@@ -20,6 +20,7 @@ from helpers import launch
 from helpers.cluster.history import start_now
 from helpers.cluster.job import Job
 from helpers.cluster.slurmcli import job_state, run
+from helpers.config import parse
 from helpers.parallel import checkpoint
 
 pytestmark = pytest.mark.slurm
@@ -39,12 +40,12 @@ def uninterrupted(request):
     """(sync, metrics of the same training never stopped), once per module and sync."""
     sync = request.param
     if sync not in _REFERENCES:
-        # One thread per rank, as the local profile's jobs run (OMP_NUM_THREADS=1).
-        res = launch.run(program.__file__, nproc=2, name="test-requeue-ref", timeout=300,
-                         args=[*ARGS, "--sync", sync], threads=1, stream=False)  # fmt: skip
-        res.raise_for_status()
-        assert res.metrics["steps"] == STEPS
-        _REFERENCES[sync] = res.metrics
+        # The same options parsed as the program parses them, on 2 pooled ranks (no
+        # torchrun start-up) with one thread each, as the local profile's jobs run.
+        cfg = parse(program.DDPConfig, [str(a) for a in [*ARGS, "--sync", sync]])
+        metrics = launch.spawn(program.train, world_size=2, args=(cfg,), threads=1)[0]
+        assert metrics["steps"] == STEPS
+        _REFERENCES[sync] = metrics
     return sync, _REFERENCES[sync]
 
 
