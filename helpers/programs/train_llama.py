@@ -31,6 +31,7 @@ from helpers.models import llama2
 from helpers.parallel import llama_parallel
 from helpers.parallel.mesh import ParallelDims
 from helpers.runs import write_metrics
+from helpers.training.loop import phase
 
 __all__ = ["LlamaConfig", "synthetic_tokens", "train", "serial_losses", "matmul_flops", "main"]
 
@@ -138,10 +139,14 @@ def train(d: dist.Dist, cfg: LlamaConfig) -> dict:
         rows = rows[dp_rank * local : (dp_rank + 1) * local].to(d.device)
         t = time.perf_counter()
         opt.zero_grad()
+        # named phases: torch.profiler ranges here, NVTX ranges in the nsys job on GPUs
         with _loss_context(cfg.loss_parallel):
-            loss = _loss(model(rows[:, :-1]), rows[:, 1:])
-            loss.backward()  # FSDP reduce-scatters (averages) gradients over dp
-        opt.step()
+            with phase("forward"):
+                loss = _loss(model(rows[:, :-1]), rows[:, 1:])
+            with phase("backward"):
+                loss.backward()  # FSDP reduce-scatters (averages) gradients over dp
+        with phase("optimizer"):
+            opt.step()
         loss = loss.full_tensor() if hasattr(loss, "full_tensor") else loss
         mean = loss.detach().clone()
         tdist.all_reduce(mean, group=mesh["dp"].get_group())  # the global batch's mean loss

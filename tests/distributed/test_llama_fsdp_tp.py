@@ -61,3 +61,17 @@ def test_tp_that_does_not_divide_heads_is_refused():
 
     with pytest.raises(ValueError, match="n_kv_heads"):
         check_tp_degree(llama2.CONFIGS["tiny"], 4)
+
+
+def _phases(d, cfg):
+    torch.set_num_threads(1)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        T.train(d, cfg)
+    return {e.name for e in prof.events()}
+
+
+def test_a_step_has_named_phases_for_the_profilers():
+    # the same names become NVTX ranges in the generated nsys job on GPUs
+    cfg = T.LlamaConfig(tp=2, batch_size=2, seq_len=8, steps=1, peak_flops=1e9)
+    for names in launch.spawn(_phases, 2, args=(cfg,)):
+        assert {"forward", "backward", "optimizer"} <= names, sorted(names)[:20]
