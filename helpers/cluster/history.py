@@ -83,16 +83,26 @@ def job_history(job_id: str, log: Path | None = None) -> dict:
     }
 
 
-def start_now(job_id: str) -> bool:
-    """Make a requeued job eligible at once; True if it was waiting for its begin time.
+def start_now(job_id: str, delay_s: int = 3) -> bool:
+    """Make a requeued job eligible in ``delay_s`` seconds; True if it was held longer.
 
     Slurm holds a requeued batch job for a while (EligibleTime = requeue time +
-    the job credential's lifetime, 120 s by default) so no part of the old run
-    can be mistaken for the new one. On a busy cluster that wait does not matter;
-    on the local cluster, a notebook or a test would spend it idle.
+    the job credential's lifetime, 120 s by default): the old run's credential is
+    revoked, and a new one issued within the same second would be refused ("Job
+    credential revoked": the job FAILs). A few seconds are enough on one cluster;
+    the notebook and the tests would otherwise spend two minutes idle. Calling it
+    again is harmless: a job already due within ``delay_s`` + 2 s is left alone.
     """
+    from datetime import datetime
+
     info = _scontrol(job_id)
     if info.get("JobState") != "PENDING" or info.get("Reason") != "BeginTime":
         return False
-    out = run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+    try:
+        wait = (datetime.fromisoformat(info["EligibleTime"]) - datetime.now()).total_seconds()
+    except (KeyError, ValueError):
+        wait = float("inf")
+    if wait <= delay_s + 2:
+        return False
+    out = run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{int(delay_s)}"])
     return out.returncode == 0

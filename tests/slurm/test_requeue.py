@@ -59,10 +59,12 @@ def _poll(what: str, ok, timeout: float, every: float = 0.3):
     raise AssertionError(f"{what}: not within {timeout:.0f} s")
 
 
-def _interrupt_and_resume(tmp_path, interrupt: list[str], expected_signal: str, reference):
+def _interrupt_and_resume(
+    tmp_path, interrupt: list[str], expected_signal: str, reference, nodes: int = 1
+):
     sync, uninterrupted = reference
     ckpt = tmp_path / "ckpt"
-    job = Job(f"requeue-{secrets.token_hex(3)}", program.__file__, nodes=1, gpus_per_node=2,
+    job = Job(f"requeue-{secrets.token_hex(3)}", program.__file__, nodes=nodes, gpus_per_node=2 // nodes,
               args=[*ARGS, "--sync", sync, "--ckpt-dir", ckpt, "--ckpt-every", 4, "--step-delay", 0.4],
               signal="USR1@60", requeue=True, time="00:05:00")  # fmt: skip
     assert "#SBATCH --signal=B:USR1@60" in job.write().read_text()
@@ -113,3 +115,13 @@ def test_warning_signal_checkpoints_requeues_and_ends_bit_identical(cluster, tmp
 def test_scontrol_requeue_resumes_and_ends_bit_identical(cluster, tmp_path, uninterrupted):
     # Slurm sends SIGTERM to every process of the job, then SIGKILL after KillWait (30 s).
     _interrupt_and_resume(tmp_path, ["scontrol", "requeue"], "TERM", uninterrupted)
+
+
+@pytest.mark.parametrize("uninterrupted", ["ddp"], indirect=True)
+def test_two_node_job_stopped_by_the_warning_signal_resumes_bit_identical(cluster, tmp_path,
+                                                                          uninterrupted):  # fmt: skip
+    # Two nodes x 1 rank: the job script hands SIGTERM to srun, which ends the step; the
+    # ranks may die before their own checkpoint, and then resume from the last periodic one.
+    job, _ = _interrupt_and_resume(tmp_path, ["scancel", "--signal=USR1", "--batch"], "USR1",
+                                   uninterrupted, nodes=2)  # fmt: skip
+    assert "--nnodes=$SLURM_NNODES" in job.script.read_text()
