@@ -90,19 +90,24 @@ def start_now(job_id: str, delay_s: int = 3) -> bool:
     the job credential's lifetime, 120 s by default): the old run's credential is
     revoked, and a new one issued within the same second would be refused ("Job
     credential revoked": the job FAILs). A few seconds are enough on one cluster;
-    the notebook and the tests would otherwise spend two minutes idle. Calling it
-    again is harmless: a job already due within ``delay_s`` + 2 s is left alone.
+    the notebook and the tests would otherwise spend two minutes idle. Call it in
+    a polling loop until the job runs: once the job is due, another call asks the
+    scheduler to start it (else it waits for the next backfill pass).
     """
     from datetime import datetime
 
     info = _scontrol(job_id)
-    if info.get("JobState") != "PENDING" or info.get("Reason") != "BeginTime":
+    if info.get("JobState") != "PENDING":
         return False
     try:
         wait = (datetime.fromisoformat(info["EligibleTime"]) - datetime.now()).total_seconds()
     except (KeyError, ValueError):
-        wait = float("inf")
-    if wait <= delay_s + 2:
         return False
-    out = run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{int(delay_s)}"])
-    return out.returncode == 0
+    if info.get("Reason") == "BeginTime" and wait > delay_s + 2:  # held after a requeue
+        out = run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{int(delay_s)}"])
+        return out.returncode == 0
+    if wait < 0:  # eligible, still waiting: an update makes the scheduler look now, not
+        # at its next backfill pass (up to 30 s later)
+        out = run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+        return out.returncode == 0
+    return False
