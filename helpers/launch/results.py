@@ -64,8 +64,10 @@ class RankFailure(RuntimeError):
             stopped = [r for r in range(n) if r not in failed] if n else []
             tail = f"; ranks {', '.join(map(str, stopped))} were stopped" if stopped else ""
             return f"ranks {who} failed (rank {self.rank} shown){tail}: {self.summary}"
-        others = "the other rank was" if n == 2 else f"the other {n - 1} ranks were"
-        stopped = f"; {others} stopped" if n and n > 1 else ""
+        stopped = ""  # world size unknown (n None) or one rank: nobody else to stop
+        if n and n > 1:
+            others = "the other rank was" if n == 2 else f"the other {n - 1} ranks were"
+            stopped = f"; {others} stopped"
         return f"{self._who()} failed{stopped}: {self.summary}"
 
     def _render_traceback_(self) -> list[str]:

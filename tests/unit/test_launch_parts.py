@@ -65,6 +65,15 @@ def test_rank_failure_names_the_rank_and_carries_the_traceback():
     assert "--- traceback from rank 2 ---" in str(e)
 
 
+def test_rank_failure_headline_with_and_without_a_world_size():
+    # torchrun's path may not know the world size: the headline must still be built
+    assert launch.RankFailure(1, "E: x").headline() == "rank 1 failed: E: x"
+    two = launch.RankFailure(1, "E: x", world_size=2).headline()
+    assert two == "rank 1 failed; the other rank was stopped: E: x"
+    four = launch.RankFailure(0, "E: x", world_size=4).headline()
+    assert four == "rank 0 failed; the other 3 ranks were stopped: E: x"
+
+
 def test_rank_failure_survives_pickling():
     import pickle
 
