@@ -115,8 +115,10 @@ def test_bench_and_timing_reject_bad_input_with_a_clear_message():
 def test_pingpong_and_measure_report_median_and_spread():
     from helpers.parallel import costmodel
 
-    pp = launch.spawn(collectives.pingpong, world_size=2, args=([4096, 1 << 20], 4))[0]
-    assert [r["bytes"] for r in pp] == [4096, 1 << 20]
+    # 4 KB against 16 MiB: at 1 MiB a busy 2-core box sometimes timed the larger message
+    # faster (scheduling noise of ~0.1 ms); 16 MiB takes milliseconds on any machine
+    pp = launch.spawn(collectives.pingpong, world_size=2, args=([4096, 16 << 20], 4))[0]
+    assert [r["bytes"] for r in pp] == [4096, 16 << 20]
     assert all(r["lo"] <= r["seconds"] <= r["hi"] and r["repeats"] == 4 for r in pp)
     ab = costmodel.fit_pingpong([r["bytes"] for r in pp], [r["seconds"] for r in pp])
     assert ab.alpha >= 0 and ab.beta > 0  # a megabyte takes longer than 4 KB
