@@ -61,13 +61,36 @@ def ranks_asked(args: str) -> int:
     return option("nodes") * option("gpus-per-node")
 
 
-# What the learner's code must have computed inside the job, per lab (metrics of rank 0).
+def _lab3(r, run_dir) -> bool:
+    p = r["world_size"]
+    assert r["max_relative_gradient_error"] < 1e-4  # float32: the whole model's gradients
+    assert 0.5 < r["parallel_devices"] < 1.5 * p  # how many ranks really ran at once
+    assert [row["m"] for row in r["rows"]] == [1, 2, 4, 8]
+    for row in r["rows"]:  # the learner's formulas ran in the job
+        m = row["m"]
+        assert row["your_speedup"] == pytest.approx(m * p / (m + p - 1))
+        assert row["your_bubble"] == pytest.approx((p - 1) / (m + p - 1))
+        assert row["step_s"] > 0
+    return "def gpipe_step" in (run_dir / "lab3_gpipe.py").read_text()
+
+
+def _lab5(r, run_dir) -> bool:
+    assert len(r["losses"]) == len(r["one_rank_losses"]) == 5
+    assert r["max_loss_difference"] < 1e-4  # 2 x 2 FSDP + TP trains like one rank
+    assert r["losses"][-1] < r["losses"][0]  # and it learns the sequences
+    assert r["tokens_per_s"] > 0
+    return "def block_plan" in (run_dir / "lab5_plan.py").read_text()
+
+
+# What the learner's code must have computed inside the job, per lab (rank 0's metrics
+# and the run directory, which holds the learner's modules).
 CORRECT = {
-    "lab0": lambda r: r["your_mean"] == pytest.approx(r["expected_mean"], rel=1e-9),
-    "lab1": lambda r: r["rows"] and all(row["equal"] for row in r["rows"]),
-    "lab2": lambda r: r["max_abs_diff"] < 1e-5,
-    "lab3": lambda r: r["max_relative_gradient_error"] < 1e-4,
-    "lab4": lambda r: r["max_abs_error"] < 1e-4,
+    "lab0": lambda r, _: r["your_mean"] == pytest.approx(r["expected_mean"], rel=1e-9),
+    "lab1": lambda r, _: r["rows"] and all(row["equal"] for row in r["rows"]),
+    "lab2": lambda r, _: r["max_abs_diff"] < 1e-5,
+    "lab3": _lab3,
+    "lab4": lambda r, _: r["max_abs_error"] < 1e-4,
+    "lab5": _lab5,
 }
 
 
@@ -118,4 +141,4 @@ def test_lab_job_runs_the_learners_code(cluster, tmp_path, lab):
         assert metrics.get("backend") == "gloo", f"{name}: rank 0 should report its backend"
         check = CORRECT.get(lab.parent.name)
         if check is not None:
-            assert check(metrics), metrics
+            assert check(metrics, run_dir), metrics
