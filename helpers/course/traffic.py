@@ -8,6 +8,7 @@ only on its result: which messages a rank sent, to whom, and how many bytes.
         ring_all_reduce_(d, tensor)
     traffic.messages   # [Message(op='isend', peer=1, numel=3, bytes=12), ...]
     ring_problems(traffic, d.rank, d.world_size, tensor.numel())   # [] for a real ring
+                                                  # (helpers.course.ring_check)
 
 How: every torch.distributed operation, whatever Python path reaches it
 (``tdist.all_reduce``, ``distributed_c10d.all_reduce``, ``all_reduce_coalesced``,
@@ -26,7 +27,6 @@ so even a reference imported before the recording started is caught.
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -42,8 +42,6 @@ __all__ = [
     "Message",
     "Traffic",
     "record_traffic",
-    "ring_problems",
-    "ring_send_bound",
     "spawn_p2p",
 ]
 
@@ -261,56 +259,6 @@ def record_traffic(allow: Iterable[str] = (), exercise: str = "this exercise") -
                     f"{exercise} switched off the traffic recorder (a dispatch mode was "
                     "pushed or popped): leave torch's dispatch modes alone"
                 )
-
-
-def ring_send_bound(numel: int, world_size: int) -> int:
-    """Most elements one rank may send in a ring all-reduce: 2(N-1) chunks of ceil(n/N).
-
-    That is 2(N-1)/N * n plus rounding (tensor_split's chunks differ by at most one).
-    """
-    return 2 * (world_size - 1) * math.ceil(numel / world_size)
-
-
-def ring_problems(
-    traffic: Traffic, rank: int, world_size: int, numel: int, volume: bool = True
-) -> list[str]:
-    """Why this rank's traffic is not a ring all-reduce of ``numel`` elements ([] if it is).
-
-    Always checked: sends go only right, receives come only from the left, and enough
-    elements arrived. volume=True also checks the upper bound on elements sent.
-    """
-    n = world_size
-    right, left = (rank + 1) % n, (rank - 1) % n
-    problems = []
-    wrong_dst = sorted({m.peer for m in traffic.sent() if m.peer != right})
-    if wrong_dst:
-        problems.append(
-            f"rank {rank} sent to rank(s) {wrong_dst}; in a ring it sends only to its "
-            f"right-hand neighbour (rank + 1) % N = {right}"
-        )
-    wrong_src = sorted({m.peer for m in traffic.received() if m.peer != left})
-    if wrong_src:
-        problems.append(
-            f"rank {rank} received from rank(s) {wrong_src}; in a ring it receives only "
-            f"from its left-hand neighbour (rank - 1) % N = {left}"
-        )
-    bound = ring_send_bound(numel, n)
-    if volume and traffic.elements_sent() > bound:
-        problems.append(
-            f"rank {rank} sent {traffic.elements_sent()} elements for a tensor of {numel} on "
-            f"{n} ranks; a ring sends at most 2(N-1)/N * n = {bound} (plus rounding): send "
-            "one chunk of n/N elements per step, not the whole tensor"
-        )
-    # Every rank must learn the other ranks' contributions: without messages, the
-    # sum came from somewhere else (a collective the recorder did not see).
-    least = numel - math.ceil(numel / n) if n > 1 else 0
-    if traffic.elements_received() < least:
-        problems.append(
-            f"rank {rank} received only {traffic.elements_received()} elements, but an "
-            f"all-reduce of {numel} elements on {n} ranks needs at least {least}: "
-            "the sum must arrive through recv/irecv"
-        )
-    return problems
 
 
 def spawn_p2p(fn, world_size: int, args=(), timeout: float = 15) -> list:

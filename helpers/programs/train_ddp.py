@@ -40,8 +40,8 @@ from helpers.config import parse
 from helpers.parallel import checkpoint, ddp, fsdp
 from helpers.runs import write_metrics
 from helpers.training import lr as lr_rules
-from helpers.training.loop import phase
-from helpers.training.resume import Preemption
+from helpers.training.loop import evaluate, phase
+from helpers.training.resume import NoPreemption, Preemption
 
 
 @dataclass
@@ -92,18 +92,8 @@ def _evaluate(model: nn.Module, test_ds, d: dist.Dist, batch_size: int = 500) ->
     """
     from torch.utils.data import DataLoader, Subset
 
-    model.eval()
     mine = Subset(test_ds, range(d.rank, len(test_ds), d.world_size))
-    correct = torch.zeros(2, dtype=torch.float64, device=d.device)  # (correct, total)
-    with torch.no_grad():
-        for x, y in DataLoader(mine, batch_size=batch_size):
-            pred = model(x.to(d.device)).argmax(1)
-            correct[0] += (pred == y.to(d.device)).sum()
-            correct[1] += len(y)
-    if dist.is_initialized():
-        tdist.all_reduce(correct)
-    model.train()
-    return float(correct[0] / correct[1])
+    return evaluate(model, DataLoader(mine, batch_size=batch_size), d.device)["accuracy"]
 
 
 def train(d: dist.Dist, cfg: DDPConfig) -> dict:
@@ -126,7 +116,7 @@ def train(d: dist.Dist, cfg: DDPConfig) -> dict:
     resumed = _resume(d, cfg, net, opt, sched)
     start = time.perf_counter()
     manual = distributed and cfg.sync == "manual"
-    with Preemption() if cfg.ckpt_dir else _NoPreemption() as stop:
+    with Preemption() if cfg.ckpt_dir else NoPreemption() as stop:
         log = _train_epochs(d, cfg, loader, net, opt, sched, manual, resumed, stop)
     wall = time.perf_counter() - start
     if log["preempted"]:
@@ -203,21 +193,6 @@ def _data(d: dist.Dist, cfg: DDPConfig):
             f"on {d.world_size} rank(s): lower --batch-size or raise --n-train"
         )
     return loader, test_ds, info
-
-
-class _NoPreemption:
-    """Without a checkpoint directory a signal keeps its default effect (the run ends)."""
-
-    received = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
-
-    def requested(self, d) -> bool:
-        return False
 
 
 def _resume(d: dist.Dist, cfg: DDPConfig, net, opt, sched) -> checkpoint.Checkpoint | None:

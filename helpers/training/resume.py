@@ -30,7 +30,7 @@ import torch.distributed as tdist
 
 from helpers.dist import Dist, is_initialized
 
-__all__ = ["Preemption", "DEFAULT_SIGNALS"]
+__all__ = ["Preemption", "NoPreemption", "DEFAULT_SIGNALS"]
 
 DEFAULT_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 
@@ -68,3 +68,22 @@ class Preemption:
         if flag.item() and self.received is None:
             self.received = "a peer's signal"
         return bool(flag.item())
+
+
+class NoPreemption:
+    """Preemption's stand-in when a run cannot be resumed (no checkpoint directory).
+
+    Signals keep their default effect (the run ends), and ``requested`` costs no
+    collective.
+    """
+
+    received = None
+
+    def __enter__(self) -> NoPreemption:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def requested(self, d: Dist) -> bool:
+        return False

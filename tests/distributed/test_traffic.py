@@ -12,13 +12,8 @@ import pytest
 import torch
 import torch.distributed as tdist
 
-from helpers.course.traffic import (
-    Message,
-    record_traffic,
-    ring_problems,
-    ring_send_bound,
-    spawn_p2p,
-)
+from helpers.course.ring_check import ring_problems, ring_send_bound
+from helpers.course.traffic import Message, record_traffic, spawn_p2p
 from helpers.launch import RankFailure, spawn
 from helpers.parallel.collectives import ring_all_reduce  # imported BEFORE recording starts
 

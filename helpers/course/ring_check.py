@@ -1,0 +1,64 @@
+"""What a ring all-reduce's recorded traffic must look like (lab 1's "by hand" checks).
+
+``ring_problems`` reads one rank's ``Traffic`` (helpers.course.traffic) and says,
+in words a learner can act on, why it is not a ring: messages to or from the
+wrong neighbour, too many elements sent, or too few received.
+"""
+
+from __future__ import annotations
+
+import math
+
+from helpers.course.traffic import Traffic
+
+__all__ = ["ring_problems", "ring_send_bound"]
+
+
+def ring_send_bound(numel: int, world_size: int) -> int:
+    """Most elements one rank may send in a ring all-reduce: 2(N-1) chunks of ceil(n/N).
+
+    That is 2(N-1)/N * n plus rounding (tensor_split's chunks differ by at most one).
+    """
+    return 2 * (world_size - 1) * math.ceil(numel / world_size)
+
+
+def ring_problems(
+    traffic: Traffic, rank: int, world_size: int, numel: int, volume: bool = True
+) -> list[str]:
+    """Why this rank's traffic is not a ring all-reduce of ``numel`` elements ([] if it is).
+
+    Always checked: sends go only right, receives come only from the left, and enough
+    elements arrived. volume=True also checks the upper bound on elements sent.
+    """
+    n = world_size
+    right, left = (rank + 1) % n, (rank - 1) % n
+    problems = []
+    wrong_dst = sorted({m.peer for m in traffic.sent() if m.peer != right})
+    if wrong_dst:
+        problems.append(
+            f"rank {rank} sent to rank(s) {wrong_dst}; in a ring it sends only to its "
+            f"right-hand neighbour (rank + 1) % N = {right}"
+        )
+    wrong_src = sorted({m.peer for m in traffic.received() if m.peer != left})
+    if wrong_src:
+        problems.append(
+            f"rank {rank} received from rank(s) {wrong_src}; in a ring it receives only "
+            f"from its left-hand neighbour (rank - 1) % N = {left}"
+        )
+    bound = ring_send_bound(numel, n)
+    if volume and traffic.elements_sent() > bound:
+        problems.append(
+            f"rank {rank} sent {traffic.elements_sent()} elements for a tensor of {numel} on "
+            f"{n} ranks; a ring sends at most 2(N-1)/N * n = {bound} (plus rounding): send "
+            "one chunk of n/N elements per step, not the whole tensor"
+        )
+    # Every rank must learn the other ranks' contributions: without messages, the
+    # sum came from somewhere else (a collective the recorder did not see).
+    least = numel - math.ceil(numel / n) if n > 1 else 0
+    if traffic.elements_received() < least:
+        problems.append(
+            f"rank {rank} received only {traffic.elements_received()} elements, but an "
+            f"all-reduce of {numel} elements on {n} ranks needs at least {least}: "
+            "the sum must arrive through recv/irecv"
+        )
+    return problems
