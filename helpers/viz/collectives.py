@@ -112,7 +112,13 @@ def plot_prediction(pingpong: list, ab, rows: list, measured_on: str):
     )
     xs = _errorbar(ax0, pingpong, "bytes", "k", "ping-pong, one way")
     grid = np.geomspace(xs.min(), xs.max(), 50)
-    ax0.plot(grid, (ab.alpha + grid * ab.beta) * 1e3, "--", color="k", label="fit: alpha + n beta")
+    ax0.plot(
+        grid,
+        (ab.alpha + grid * ab.beta) * 1e3,
+        "--",
+        color="k",
+        label="fit to lower quartiles: alpha + n beta",
+    )
     ax0.set_title(f"fit once: {ab}", fontsize=8)
     big_world = max(r["world"] for r in rows)
     big = max(r["bytes"] for r in rows)
@@ -144,7 +150,10 @@ def plot_prediction(pingpong: list, ab, rows: list, measured_on: str):
     ax2.set_xticks(sorted({r["world"] for r in rows}))
     ax2.set_xlabel("ranks")
     ax0.set_ylabel("time (ms)")
-    for ax in (ax0, ax1, ax2):
+    lo, hi = ax1.get_ylim()
+    ax1.set_ylim(lo, hi * 8)  # headroom on the log axis: the 6-entry legend sits above the data
+    ax1.legend(fontsize=7, loc="upper left", ncol=2)
+    for ax in (ax0, ax2):
         ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
