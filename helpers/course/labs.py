@@ -18,6 +18,7 @@ Grading (fake students, wrong answers, autograde) is helpers.course.grading.
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import sys
 import tempfile
@@ -32,7 +33,40 @@ from helpers.course.course_dir import (
     notebooks,
 )
 
-__all__ = ["lab_names", "notebooks", "out_of_sync", "release", "stale_labs"]
+__all__ = [
+    "lab_names",
+    "labs_with_jobs",
+    "notebooks",
+    "out_of_sync",
+    "release",
+    "sbatch_cells",
+    "stale_labs",
+]
+
+_SBATCH_CELL = re.compile(r"^%%sbatch\s+(\S+)(.*)$", re.M)
+
+
+def sbatch_cells(nb) -> list[tuple[str, str, str]]:
+    """(job name, magic line arguments, cell source) of each ``%%sbatch`` cell of ``nb``.
+
+    nb: a notebook node or the path of one.
+    """
+    if not hasattr(nb, "cells"):
+        import nbformat
+
+        nb = nbformat.read(nb, as_version=4)
+    found = []
+    for cell in nb.cells:
+        m = _SBATCH_CELL.match(cell.source) if cell.cell_type == "code" else None
+        if m:
+            found.append((m.group(1), m.group(2), cell.source))
+    return found
+
+
+def labs_with_jobs(root: Path | None = None) -> list[Path]:
+    """The lab solution notebooks that submit a Slurm job (have a ``%%sbatch`` cell)."""
+    top = _root(root) / "solutions"
+    return [p for p in sorted(top.glob("lab*/lab*.ipynb")) if sbatch_cells(p)]
 
 
 # --------------------------------------------------------------------------- release

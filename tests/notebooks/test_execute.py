@@ -2,6 +2,11 @@
 
 The same papermill call as `python -m helpers.course.book run --smoke --solutions`,
 one test per notebook so a failure names the notebook and shows the cell.
+
+A lab solution with a ``%%sbatch`` cell is run top to bottom, SMOKE and all, by
+tests/slurm/test_lab_jobs.py, which also checks the job it submits; running it a
+second time here would only repeat that (about 15 s per lab). The last test makes
+sure that every notebook is run by one of the two.
 """
 
 from __future__ import annotations
@@ -11,9 +16,11 @@ from pathlib import Path
 import pytest
 
 from helpers.course import book
+from helpers.course.labs import labs_with_jobs
 
 ROOT = Path(__file__).resolve().parents[2]
-NOTEBOOKS = book.discover(ROOT, solutions=True)
+WITH_JOBS = [p.relative_to(ROOT) for p in labs_with_jobs(ROOT)]
+NOTEBOOKS = [nb for nb in book.discover(ROOT, solutions=True) if nb not in WITH_JOBS]
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=str)
@@ -23,3 +30,10 @@ def test_notebook_runs_in_smoke_mode(notebook, tmp_path):
     assert result.ok, f"{notebook} failed after {result.seconds:.0f} s:\n{result.error}"
     assert result.output.is_file()
     assert (ROOT / notebook).read_bytes() == committed, "executing must not touch the notebook"
+
+
+def test_every_notebook_and_lab_solution_is_run_by_one_test():
+    every = set(book.discover(ROOT, solutions=True))
+    assert any(str(p).startswith("solutions/") for p in every), "no lab solutions found"
+    assert set(NOTEBOOKS) | set(WITH_JOBS) == every
+    assert not set(NOTEBOOKS) & set(WITH_JOBS)

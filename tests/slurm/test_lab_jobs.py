@@ -1,7 +1,7 @@
 """Every lab's cluster cells on the local Slurm cluster: the learner's own code runs as a job.
 
 A lab is picked up here as soon as its solution notebook has a ``%%sbatch`` cell
-(labs 0-4 today; a new lab needs no edit). papermill runs the solution top to
+(every lab today; a new lab needs no edit). papermill runs the solution top to
 bottom (SMOKE) in a scratch directory, so its ``%%program`` cells write the
 learner's answers to programs/ and its ``%%sbatch NAME`` cell submits a real job
 whose driver imports them. The test then checks, for every such cell:
@@ -28,29 +28,11 @@ import nbformat
 import pytest
 
 from helpers.cluster.slurmcli import job_state
+from helpers.course.labs import labs_with_jobs, sbatch_cells
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 TOP = Path(__file__).resolve().parents[2]
-SBATCH = re.compile(r"^%%sbatch\s+(\S+)(.*)$", re.M)
-
-
-def sbatch_cells(nb) -> list[tuple[str, str, str]]:
-    """(job name, magic line arguments, cell source) of each %%sbatch cell."""
-    found = []
-    for cell in nb.cells:
-        m = SBATCH.match(cell.source) if cell.cell_type == "code" else None
-        if m:
-            found.append((m.group(1), m.group(2), cell.source))
-    return found
-
-
-def labs_with_jobs() -> list[Path]:
-    return [
-        p
-        for p in sorted((TOP / "solutions").glob("lab*/lab*.ipynb"))
-        if sbatch_cells(nbformat.read(p, as_version=4))
-    ]
 
 
 def ranks_asked(args: str) -> int:
@@ -107,7 +89,7 @@ def outputs_after(nb, source: str) -> str:
     return "\n".join(map(str, parts))
 
 
-@pytest.mark.parametrize("lab", labs_with_jobs(), ids=lambda p: p.parent.name)
+@pytest.mark.parametrize("lab", labs_with_jobs(TOP), ids=lambda p: p.parent.name)
 def test_lab_job_runs_the_learners_code(cluster, tmp_path, lab):
     work, runs = tmp_path / lab.parent.name, tmp_path / "runs"
     shutil.copytree(lab.parent, work, ignore=shutil.ignore_patterns("programs", ".ipynb*"))
