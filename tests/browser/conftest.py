@@ -198,9 +198,59 @@ class Lab:
         loc.wait_for(timeout=timeout)
         return loc
 
-    def screenshot(self, locator, name: str) -> Path:
+    def kernel_status(self) -> str:
+        indicator = self.page.locator(".jp-Notebook-ExecutionIndicator").first
+        return indicator.get_attribute("data-status") if indicator.count() else "(no indicator)"
+
+    def start_run_all(self, attempts: int = 3) -> None:
+        """Run All, and check that the cells really started.
+
+        Run All acts on the *current* notebook. Under load the tab can be on screen
+        before JupyterLab has made it current; the menu command then does nothing and
+        a test would wait for a run that never began. So: click into the notebook
+        first, and retry if no prompt shows [*] or a number within 30 s.
+        """
+        started = """() => [...document.querySelectorAll('.jp-InputArea-prompt')]
+                         .some(p => /\\[(\\*|\\d+)\\]/.test(p.textContent))"""
+        for attempt in range(attempts):
+            self.page.locator(".jp-Notebook .jp-Cell").first.click()
+            self.run_all()
+            try:
+                self.page.wait_for_function(started, timeout=30_000)
+                return
+            except Exception:
+                if attempt == attempts - 1:
+                    raise
+
+    def run_to_the_end(self, name: str, last_line: str, timeout: float = 300_000) -> None:
+        """Open ``name``, Run All, and wait until an output shows ``last_line``.
+
+        On a timeout: a full-page screenshot in build/test-artefacts/, and the error
+        names the last stderr outputs, the kernel's status and the console's last lines.
+        """
+        self.open(name)
+        self.start_run_all()
+        try:
+            self.wait_for_text(last_line, timeout=timeout)
+        except Exception as e:
+            shot = self.artefact(f"{Path(name).stem}_failed.png")
+            self.page.screenshot(path=str(shot), full_page=True)
+            stderr = self.page.locator(".jp-OutputArea-output[data-mime-type*='stderr']")
+            errors = stderr.all_text_contents()
+            console = getattr(self.page, "console_log", [])[-10:]
+            raise AssertionError(
+                f"{name} did not finish in the browser: {errors[-3:]}; kernel "
+                f"{self.kernel_status()}; console: {console}; screenshot: {shot}"
+            ) from e
+        self.wait_idle()
+
+    def artefact(self, name: str) -> Path:
+        """A path in build/test-artefacts/, kept after the run for a person to look at."""
         ARTEFACTS.mkdir(parents=True, exist_ok=True)
-        path = ARTEFACTS / name
+        return ARTEFACTS / name
+
+    def screenshot(self, locator, name: str) -> Path:
+        path = self.artefact(name)
         locator.screenshot(path=str(path))
         return path
 

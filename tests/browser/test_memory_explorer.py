@@ -1,11 +1,7 @@
 """Notebook 04 in a real JupyterLab: run it, pick Llama 2 70B in the memory explorer, and see
 the bars and the verdict change (7B fits 80 GB from ZeRO-1 on 8 GPUs; 70B fits nowhere)."""
 
-from pathlib import Path
-
 import pytest
-
-ARTEFACTS = Path(__file__).resolve().parents[2] / "build" / "test-artefacts"
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -26,31 +22,8 @@ def _state(explorer):
     return src, " ".join(verdict.split())
 
 
-def _run_to_the_end(lab, page, name):
-    lab.open(name)
-    started = """() => [...document.querySelectorAll('.jp-InputArea-prompt')]
-                     .some(p => /\\[(\\*|\\d+)\\]/.test(p.textContent))"""
-    for attempt in range(3):  # Run All acts on the current notebook: retry if nothing started
-        page.locator(".jp-Notebook .jp-Cell").first.click()
-        lab.run_all()
-        try:
-            page.wait_for_function(started, timeout=30_000)
-            break
-        except Exception:
-            if attempt == 2:
-                raise
-    try:
-        lab.wait_for_text("notebook cells ran in", timeout=300_000)
-    except Exception as e:
-        ARTEFACTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(ARTEFACTS / "memory_explorer_failed.png"), full_page=True)
-        errors = page.locator(".jp-OutputArea-output[data-mime-type*='stderr']").all_text_contents()
-        raise AssertionError(f"notebook 04 did not finish in the browser: {errors[-3:]}") from e
-    lab.wait_idle()
-
-
 def test_memory_explorer_redraws_and_says_what_fits(lab, lab_server, page):
-    _run_to_the_end(lab, page, lab_server.copy(NOTEBOOK, {"SMOKE": True}))
+    lab.run_to_the_end(lab_server.copy(NOTEBOOK, {"SMOKE": True}), "notebook cells ran in")
     explorer = _explorer(page)
     explorer.scroll_into_view_if_needed()
     src_before, verdict_before = _state(explorer)
