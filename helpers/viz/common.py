@@ -14,13 +14,14 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 
 
-def machine_label(backend: str = "gloo", ranks: int | None = None) -> str:
+def machine_label(backend: str = "gloo", ranks: int | str | None = None) -> str:
     """'2-core CPU, gloo, 4 ranks, torch 2.14.1': what a measurement ran on.
 
     backend: the backend the measurement really used (``d.backend`` of its
     ranks, e.g. "gloo" for everything launch.spawn runs here, even on a GPU
     node). GPUs are named only when the backend is nccl, because a gloo
-    measurement on a GPU node moved CPU tensors.
+    measurement on a GPU node moved CPU tensors. ranks: a number, or words for a
+    figure that gathers several runs ("1, 2 and 4").
     """
     import os
 
