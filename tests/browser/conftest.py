@@ -225,13 +225,20 @@ class Lab:
     def run_to_the_end(self, name: str, last_line: str, timeout: float = 300_000) -> None:
         """Open ``name``, Run All, and wait until an output shows ``last_line``.
 
-        On a timeout: a full-page screenshot in build/test-artefacts/, and the error
+        On a timeout or a cell that raised: a full-page screenshot in build/test-artefacts/, and the error
         names the last stderr outputs, the kernel's status and the console's last lines.
         """
         self.open(name)
         self.start_run_all()
+        done = self.page.locator(".jp-OutputArea-output", has_text=last_line)
+        # A cell that raised: no later cell runs, so stop waiting at once.
+        raised = self.page.locator(
+            ".jp-OutputArea-output[data-mime-type*='stderr']", has_text="Traceback"
+        )
         try:
-            self.wait_for_text(last_line, timeout=timeout)
+            done.or_(raised).first.wait_for(timeout=timeout)
+            if not done.count():
+                raise AssertionError("a cell raised")
         except Exception as e:
             shot = self.artefact(f"{Path(name).stem}_failed.png")
             self.page.screenshot(path=str(shot), full_page=True)
