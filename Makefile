@@ -13,7 +13,7 @@ KERNEL     ?= pdl-workbook
 SLURM_NODES ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: help setup run smoke test test-quick lint format lab labs bench slurm-up slurm-down clean
+.PHONY: help setup run smoke test test-quick lint format lab labs bench dryrun gpu-check slurm-up slurm-down clean
 
 help:
 	@grep -E '^#   make' Makefile | sed 's/^#   //'
@@ -60,6 +60,17 @@ bench: setup
 	$(PY) -m helpers.course.bench tp
 	$(PY) -m helpers.course.bench pipeline
 	$(PY) -m helpers.course.bench mfu
+
+# Every job the notebooks and labs write, checked as a GPU cluster would run it: its program
+# at full size on fake tensors (memory against the GPU), and on 2 CPU ranks posing as GPUs
+# that refuse host tensors as NCCL does. `make test` checks each notebook's jobs too.
+dryrun: setup
+	$(PY) -m helpers.course.dryrun --execute
+
+# On a GPU node (instructors, before a workshop): every job program on all visible GPUs with
+# NCCL, notebook 01 on CUDA, and the GPU figures notebooks 01, 02 and 07 show.
+gpu-check: setup
+	$(PY) -m helpers.course.gpucheck
 
 slurm-up:
 	bash slurm/local/start.sh --nodes $(SLURM_NODES)

@@ -28,6 +28,7 @@ import nbformat
 import pytest
 
 from helpers.cluster.slurmcli import job_state
+from helpers.course import dryrun
 from helpers.course.labs import labs_with_jobs, sbatch_cells
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -124,3 +125,7 @@ def test_lab_job_runs_the_learners_code(cluster, tmp_path, lab):
         check = CORRECT.get(lab.parent.name)
         if check is not None:
             assert check(metrics, run_dir), metrics
+
+    # The lab's jobs as a GPU cluster would run them (helpers.course.dryrun)
+    rows = dryrun.check_written(runs, f"solutions/{lab.parent.name}")
+    assert rows and all(r.ok for r in rows), dryrun.table(rows)
