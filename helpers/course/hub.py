@@ -107,7 +107,9 @@ def read_class(path: Path) -> dict[str, list[str]]:
         try:
             pwd.getpwnam(name)
         except KeyError:
-            raise ValueError(f"{where}: no Unix user {name!r}: create it (useradd -m {name})")
+            raise ValueError(
+                f"{where}: no Unix user {name!r}: create it (useradd -m {name})"
+            ) from None
         roles[role].append(name)
     if not roles["instructor"]:
         raise ValueError(f"{path}: name at least one instructor (the formgrader runs as the first)")

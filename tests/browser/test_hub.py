@@ -250,7 +250,9 @@ def _check_isolation(hub: Hub, ann: str, ben: str) -> None:
     token = _server_token(ann)
     api = f"{hub.url}/hub/api"
     # Ann's server token reaches Ben's server neither directly nor through the hub's API.
-    r = requests.get(f"{hub.url}/user/{ben}/api/status", headers={"Authorization": f"token {token}"})
+    r = requests.get(
+        f"{hub.url}/user/{ben}/api/status", headers={"Authorization": f"token {token}"}
+    )
     assert r.status_code == 403, (r.status_code, r.text[:200])
     r = requests.get(f"{api}/users/{ben}", headers={"Authorization": f"token {token}"})
     assert r.status_code in (403, 404), (r.status_code, r.text[:200])
@@ -276,7 +278,9 @@ def _grade(page, hub: Hub) -> dict[str, str]:
     page.reload()
     page.locator("td.score", has_text="/").nth(rows.count() - 1).wait_for(timeout=30_000)
     return {
-        rows.nth(i).locator("td.student-id").inner_text(): rows.nth(i).locator("td.score").inner_text()
+        rows.nth(i).locator("td.student-id").inner_text(): rows.nth(i)
+        .locator("td.score")
+        .inner_text()
         for i in range(rows.count())
     }
 
@@ -284,7 +288,10 @@ def _grade(page, hub: Hub) -> dict[str, str]:
 def test_two_learners_each_a_slurm_job_and_the_instructor_grades(hub, page):
     ann, ben = hub.names["ann"], hub.names["ben"]
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        runs = {ann: pool.submit(_learner, hub, ann, True), ben: pool.submit(_learner, hub, ben, False)}
+        runs = {
+            ann: pool.submit(_learner, hub, ann, True),
+            ben: pool.submit(_learner, hub, ben, False),
+        }
         jobs_while_working = None
         while not all(f.done() for f in runs.values()):
             jobs = hub.jobs()
