@@ -55,7 +55,10 @@ class HubSettings:
 
     def check(self) -> HubSettings:
         """Raise ValueError, naming the variable to change, for a value Slurm would reject."""
-        check_time(self.time)
+        try:
+            check_time(self.time)
+        except ValueError as e:
+            raise ValueError(f"HUB_TIME: {e}") from None
         if self.cpus < 1:
             raise ValueError(f"HUB_CPUS must be at least 1, got {self.cpus}")
         if self.memory and not _MEM.fullmatch(self.memory):
