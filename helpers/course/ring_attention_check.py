@@ -36,9 +36,11 @@ from helpers.parallel import allgather_attention, context_layout, online_softmax
 from helpers.parallel.online_softmax import attention, causal_mask
 
 __all__ = [
+    "AnswerRefused",
     "RingLog",
     "message_problems",
     "no_workbook_answers",
+    "own_attention",
     "tampered_reference",
     "watch_ring",
 ]
@@ -64,12 +66,12 @@ class RingLog:
                 "sent": [t.detach().cpu().clone() for t in self.sent]}  # fmt: skip
 
 
-class _Courier(TorchDispatchMode):
-    """Copies (and with ``tamper``, replaces) every tensor a c10d send carries."""
+class _NoFusedAttention(TorchDispatchMode):
+    """Refuses torch's fused attention kernels (they return the log-sum-exp ready-made)."""
 
-    def __init__(self, log: RingLog, tamper: Callable | None, exercise: str):
+    def __init__(self, exercise: str):
         super().__init__()
-        self.log, self.tamper, self.exercise = log, tamper, exercise
+        self.exercise = exercise
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func._schema.name.split("::")[-1]
@@ -78,6 +80,18 @@ class _Courier(TorchDispatchMode):
                 f"{self.exercise} must compute attention itself (q k^T, softmax, times v): "
                 f"torch's fused attention ({name}) is switched off while it is tested"
             )
+        return func(*args, **(kwargs or {}))
+
+
+class _Courier(TorchDispatchMode):
+    """Copies (and with ``tamper``, replaces) every tensor a c10d send carries."""
+
+    def __init__(self, log: RingLog, tamper: Callable | None):
+        super().__init__()
+        self.log, self.tamper = log, tamper
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._schema.name.split("::")[-1]
         if func.namespace == "c10d" and name == "send":
             tensors = list(args[0])
             if self.tamper is not None:
@@ -127,13 +141,21 @@ def no_workbook_answers(exercise: str = "this exercise") -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def own_attention(exercise: str = "this exercise") -> Iterator[None]:
+    """The workbook's context-parallel code switched off and torch's fused attention refused."""
+    with no_workbook_answers(exercise), _NoFusedAttention(exercise):
+        yield
+
+
+@contextlib.contextmanager
 def watch_ring(
     exercise: str = "ring_attention", tamper: Callable | None = None
 ) -> Iterator[RingLog]:
-    """Record this rank's ring (see module docstring); collectives refused, helpers off."""
-    with record_traffic(exercise=exercise) as traffic, no_workbook_answers(exercise):
+    """Record this rank's ring (see module docstring): collectives refused, messages copied
+    (and tampered with), the workbook's answers and torch's fused attention switched off."""
+    with record_traffic(exercise=exercise) as traffic, own_attention(exercise):
         log = RingLog(traffic)
-        with _Courier(log, tamper, exercise):
+        with _Courier(log, tamper):
             yield log
 
 
