@@ -67,14 +67,17 @@ def plot_causal_layouts(
     return fig
 
 
-def plot_ring_timelines(timelines: dict, measured_on: str):
+def plot_ring_timelines(
+    timelines: dict,
+    measured_on: str,
+    title: str = "ring steps: compute (blue) and the next K/V block in flight (orange)",
+):
     """One panel per variant: per rank, compute spans (blue) and transfers in flight
     (orange, from posting isend/irecv until the rank's wait for the block returned), in ms.
 
     timelines: {variant: [per rank: [(post, arrived, compute_start, compute_end), ...]]}.
     """
-    fig, axes = new_figure("ring steps: compute (blue) and the next K/V block in flight (orange)",
-                           measured_on, ncols=len(timelines), width=6)  # fmt: skip
+    fig, axes = new_figure(title, measured_on, ncols=len(timelines), width=6)
     end = 0.0
     for ax, (name, ranks) in zip(axes, timelines.items(), strict=True):
         t0 = min(ev[0] for rank in ranks for ev in rank if ev[0] is not None)

@@ -4,15 +4,16 @@ The log-sum-exp merge (in one process), the layouts (contiguous and load-balance
 2 and 4 gloo ranks: all-gather-K/V attention and ring attention, causal and not, even and
 uneven sequence lengths, odd shapes, forward and backward (each rank's dQ, dK, dV equal the
 serial gradients of its own tokens). The ring's messages go only to the right-hand
-neighbour, N - 1 of them, each the K/V block of the rank it came from. torch's own
-context_parallel is pinned where it stands on CPU: without a mask it equals the serial
-attention, with a causal mask it raises (the notebook says so).
+neighbour, N - 1 of them, each the K/V block of the rank it came from. Lab 7's checks see
+what a ring's messages carry, catch a decoy that sends zeros, and predict a tampered ring's
+output. (What torch's own context_parallel does on CPU ranks is asserted in notebook 09.)
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.distributed as tdist
 import torch.nn.functional as F
 
 from helpers import launch
@@ -240,31 +241,71 @@ def test_ring_holds_less_than_allgather_which_holds_less_than_one_process():
         assert ring < gathered / 2 < serial.peak / 4, (ring, gathered, serial.peak)
 
 
-def _torch_cp(d, q, k, v, causal):
-    import contextlib
-
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.experimental import context_parallel
-    from torch.distributed.tensor.experimental._attention import context_parallel_unshard
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    mesh = init_device_mesh("cpu", (d.world_size,))
-    q, k, v = q.clone(), k.clone(), v.clone()
-    # Not causal: the math kernel (with the CPU flash kernel DTensor traces its decomposition
-    # to find a sharding, about a minute). Causal: the default kernel, which has no CP rule.
-    kernel = contextlib.nullcontext() if causal else sdpa_kernel([SDPBackend.MATH])
-    try:
-        with context_parallel(mesh, buffers=[q, k, v], buffer_seq_dims=[2, 2, 2]), kernel:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-            (whole,) = context_parallel_unshard(mesh, [out], [2])
-    except NotImplementedError as e:
-        return str(e)
-    return whole
+# --------------------------------------------------------------------------- lab 7's checks
 
 
-def test_torch_context_parallel_on_cpu_gloo_today():
-    q, k, v = _qkv(5, (1, 2, 16, 8))
-    for whole in launch.spawn(_torch_cp, 2, (q, k, v, False)):
-        torch.testing.assert_close(whole, F.scaled_dot_product_attention(q, k, v), **TOL)
-    for error in launch.spawn(_torch_cp, 2, (q, k, v, True)):
-        assert "_scaled_dot_product_flash_attention_for_cpu" in error, error
+def _plain_ring(d, q, k, v, positions, causal, zeros=False):
+    """A ring written in the test (the workbook's is switched off while watched)."""
+    n, r = d.world_size, d.rank
+    out, lse = torch.zeros_like(q), torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype)
+    kv = torch.stack([k, v])
+    for step in range(n):
+        src = (r - step) % n
+        s = q @ kv[0].transpose(-1, -2) / q.shape[-1] ** 0.5
+        if causal:
+            s = s.masked_fill(positions[r][:, None] < positions[src][None, :], float("-inf"))
+        block_lse = torch.logsumexp(s, -1)
+        new_lse = torch.logaddexp(lse, block_lse)
+        ref = torch.where(torch.isfinite(new_lse), new_lse, torch.zeros_like(new_lse))
+        block = torch.nan_to_num(torch.softmax(s, -1)) @ kv[1]
+        out = torch.exp(lse - ref)[..., None] * out + torch.exp(block_lse - ref)[..., None] * block
+        lse = new_lse
+        if step < n - 1:
+            nxt = kv.new_empty(*kv.shape[:-2], len(positions[(src - 1) % n]), kv.shape[-1])
+            sent = torch.zeros_like(kv) if zeros else kv
+            reqs = [tdist.isend(sent, (r + 1) % n), tdist.irecv(nxt, (r - 1) % n)]
+            for req in reqs:
+                req.wait()
+            kv = nxt
+    return out
+
+
+def _watched(d, q, k, v, positions, causal, zeros, tamper_rank, delta):
+    from helpers.course.ring_attention_check import AnswerRefused, watch_ring
+
+    mine = [t.index_select(-2, positions[d.rank]) for t in (q, k, v)]
+    tamper = (lambda t: t + delta) if d.rank == tamper_rank else None
+    with watch_ring("the test's ring", tamper=tamper) as log:
+        out = _plain_ring(d, *mine, positions, causal, zeros)
+        refused = []
+        for call in (lambda: RA.ring_attention(d, *mine, positions, causal),
+                     lambda: F.scaled_dot_product_attention(*mine)):  # fmt: skip
+            try:
+                call()
+            except (RuntimeError, AnswerRefused) as e:
+                refused.append(str(e).split(":")[0])
+    return out, log.summary(), refused
+
+
+def test_lab7_checks_see_what_the_messages_carry():
+    from helpers.course.ring_attention_check import message_problems, tampered_reference
+
+    world, seq = 3, 10
+    q, k, v = (t.double() for t in _qkv(6, (1, 2, seq, 3)))
+    pos = [torch.arange(r, seq, world) for r in range(world)]  # not contiguous, uneven
+    want = _serial(q, k, v, True, torch.ones_like(q))[0]
+    runs = {how: launch.spawn(_watched, world, (q, k, v, pos, True, how == "zeros", tamper, 0.5))
+            for how, tamper in (("honest", None), ("zeros", None), ("tampered", 1))}  # fmt: skip
+    for rank in range(world):
+        out, log, refused = runs["honest"][rank]
+        torch.testing.assert_close(out, L.shard(want, pos[rank]))
+        assert message_problems(log, rank, world, k, v, pos) == []
+        assert len(refused) == 2, refused  # the workbook's ring and torch's fused attention
+        _, zero_log, _ = runs["zeros"][rank]
+        assert any(
+            "does not carry" in p for p in message_problems(zero_log, rank, world, k, v, pos)
+        )
+        tampered, _, _ = runs["tampered"][rank]
+        expected = tampered_reference(q, k, v, pos, True, rank, 1, 0.5)
+        torch.testing.assert_close(tampered, expected)
+        assert (rank == 1) == torch.allclose(expected, out)  # only the tamperer's own output stays
