@@ -81,7 +81,7 @@ def test_a_model_that_does_not_fit_its_gpus_is_rejected(runs):
 
 # train_llama's build() before the meta device: every rank made and initialised the whole
 # model on the host, then moved it to its GPU, and only then sharded it.
-OLD_BUILD = '''
+OLD_BUILD = """
 from helpers.models import llama2
 from helpers.parallel import llama_parallel
 from helpers.parallel.mesh import ParallelDims
@@ -97,7 +97,7 @@ def old_build(d, cfg):
 
 T.build = old_build
 T.main()
-'''
+"""
 ARGS_7B = ["--model", "7B", "--tp", "2", "--seq-len", "1024", "--batch-size", "8", "--steps", "2"]
 
 
@@ -107,7 +107,9 @@ def test_7b_is_built_on_the_meta_device_not_in_host_memory(runs, tmp_path):
     parameter at a time while it initialises its shards."""
     old = tmp_path / "train_llama_before.py"
     old.write_text(OLD_BUILD)
-    site = dict(nodes=1, gpus_per_node=4, profile="engaging", values={"env": "E", "gpu_type": "h200"})
+    site = dict(
+        nodes=1, gpus_per_node=4, profile="engaging", values={"env": "E", "gpu_type": "h200"}
+    )
     Job("llama7b-host", old, args=ARGS_7B, **site).write()
     Job("llama7b-meta", Path(train_llama.__file__), args=ARGS_7B, **site).write()
     rows = {r.job: r for r in _rows(runs, all_gpus=False)}
