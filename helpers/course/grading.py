@@ -33,6 +33,11 @@ from helpers.runs import workbook_root
 
 WRONG_ANSWERS = "wrong_answers.py"
 FIXED_STUDENTS = ("release", "solution")
+# Wrong answers are named by the shortcut they try (labs/README.md lists the classes). Those
+# that reach into the grader or rewrite the recorder must score zero; the guard refuses
+# them, and imports of what the lab refuses, before they run.
+ZERO_PREFIXES = ("tamper_", "rewrites_recorder_")
+REFUSED_PREFIXES = (*ZERO_PREFIXES, "imports_")
 _ANSWER_HEADER = re.compile(r"^# === wrong: *([A-Za-z0-9_]+) *$", re.MULTILINE)
 _CELL_HEADER = re.compile(r"^# %% cell: *(\S+) *$", re.MULTILINE)
 _SOLUTION_MARKER = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION[ \t]*\n?", re.MULTILINE)
