@@ -21,6 +21,8 @@ grading process.
 from __future__ import annotations
 
 import contextlib
+import gc
+import time
 from collections.abc import Callable, Iterator
 
 import torch
@@ -51,6 +53,7 @@ class Allocations:
         # reused by a later one while we watch, so an address names one storage only.
         self.known: dict[int, StorageWeakRef] = {}
         self.live: dict[int, tuple[StorageWeakRef, int, str]] = {}
+        self.comm: set[int] = set()  # storages handed to collectives and messages
         self.peak_bytes = 0
         self.on_alloc = on_alloc
 
@@ -78,10 +81,24 @@ class Allocations:
             del self.live[key]
         return sum(n for _, n, _ in self.live.values())
 
-    def kept(self) -> list[tuple[str, int]]:
-        """(operator, bytes) of each new storage still alive."""
+    def kept(self, settle: float = 0.25) -> list[tuple[str, int]]:
+        """(operator, bytes) of each new storage still alive.
+
+        A buffer handed to a collective can stay referenced by the communication library's
+        finished work for a moment after the call returns: storages in ``comm`` get up to
+        ``settle`` seconds to be let go before they count as kept.
+        """
+        deadline = time.monotonic() + settle
+        while any(k in self.comm for k in self.live) and time.monotonic() < deadline:
+            gc.collect()
+            time.sleep(0.005)
+            self.live_bytes()
         self.live_bytes()
         return [(op, n) for _, n, op in self.live.values()]
+
+    def communicated(self, tree) -> None:
+        """The storages of a collective's or a message's tensors (see ``kept``)."""
+        self.comm.update(s._cdata for s in _storages(tree))
 
     @property
     def kept_bytes(self) -> int:

@@ -141,6 +141,8 @@ class _Watch(TorchDispatchMode):
         kwargs = kwargs or {}
         if func.namespace in C10D_NAMESPACES:
             args, kwargs = self._c10d(func, args, kwargs)
+            if self.memory is not None:
+                self.memory.communicated((args, kwargs))
         if self.memory is None:
             return func(*args, **kwargs)
         self.memory.seen((args, kwargs))
