@@ -2,7 +2,8 @@
 
 The grading tests submit fake students per lab: the untouched release (must
 score 0), the solution (full marks) and every plausible wrong answer (each
-strictly in between). Wrong answers live next to the solution in
+strictly in between, except those that reach into the grader: named ``tamper_*``
+or ``rewrites_recorder_*``, they must score 0). Wrong answers live next to the solution in
 ``solutions/<lab>/wrong_answers.py`` (never released: nbgrader_config.py ignores
 it). It is plain Python split into answers and cells by header lines::
 
