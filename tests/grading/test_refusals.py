@@ -103,6 +103,8 @@ def test_a_refused_cell_names_its_line():
     code = "x = 1\ny = 2\nip = get_ipython()\n"
     (refusal,) = scan(code, POLICY)
     assert refusal.line == 3 and "line 3: get_ipython:" in str(refusal)
+    (refusal,) = scan("%%program lab0_shard\n\nimport torch\nip = get_ipython()\n", POLICY)
+    assert refusal.line == 4, refusal  # the line the learner sees, magic line included
 
 
 @pytest.mark.parametrize("lab", labs.lab_names(ROOT))
@@ -147,6 +149,6 @@ def test_a_refused_notebook_runs_no_test_and_says_why():
     for i, cell in enumerate(nb.cells):
         code = plan.replacement(i, cell)
         if cell.metadata.get("nbgrader", {}).get("grade"):
-            assert "SubmissionRefused" in code and "cell 'shard_range' line 11:" in code
+            assert "SubmissionRefused" in code and "cell 'shard_range' line 12:" in code
         elif cell.cell_type == "code":
             assert code is not None and "SubmissionRefused" not in code  # skipped: nothing runs

@@ -57,5 +57,5 @@ def test_validate_names_a_refused_construct_and_its_line(tmp_path):
     shutil.copy(ROOT / "nbgrader_config.py", tmp_path / "nbgrader_config.py")
     ok, out = grading.validate(tmp_path / f"{FIRST}.ipynb")
     assert not ok, out
-    assert "SubmissionRefused" in out and "line 11: get_ipython" in out, out
+    assert "SubmissionRefused" in out and "line 12: get_ipython" in out, out
     assert "Remove it and validate again" in out, out
