@@ -18,7 +18,8 @@ learner's code with the refusal as its error.
 
 Learner code is every code cell that is not one of the lab's locked or graded
 cells (which nbgrader restores before grading): solution cells, cells a learner
-added, and the lab's unlocked demonstration cells.
+added, and the lab's other unlocked cells. Cells tagged ``demo`` are skipped by
+nbgrader, so what they hold never runs and is not read.
 
 What each lab refuses to import is declared in ``solutions/<lab>/grading.toml``
 (released with the lab, so Validate knows it; autograde uses the instructor's
