@@ -8,7 +8,8 @@ are read from the gradebook. Wrong answers that reach into the grader or rewrite
 traffic recorder (names starting tamper_ or rewrites_recorder_) must score zero; every
 other one something between zero and full marks. Then `nbgrader export` writes the
 grades CSV an instructor reads: its `refused` column names, for each refused
-submission, the construct and its line.
+submission, the construct and its line; and the feedback of a tampering submission
+tells the learner the same.
 """
 
 from __future__ import annotations
@@ -70,3 +71,11 @@ def test_autograde_scores(lab, tmp_path):
             refused = rows[student]["refused"]
             assert "Refused" in refused and re.search(r"line \d+: ", refused), (student, refused)
             assert float(rows[student]["score"]) == scores[student][0]
+
+    # What the learner sees: the feedback of a refused submission says what was refused.
+    tampered = sorted(s for s in scores if s.startswith("wrong-tamper_"))[0]
+    nbgrader(["generate_feedback", lab, "--student", tampered, "--force"], cwd=tmp_path)
+    (page,) = (tmp_path / "feedback" / tampered / lab).glob("*.html")
+    html = page.read_text()
+    assert "SubmissionRefused" in html and "no test was run" in html, f"{tampered}'s feedback"
+    assert re.search(r"line \d+: ", html), f"{tampered}'s feedback names no line"
