@@ -2,6 +2,7 @@
 #   make run    set up (if needed) and execute every notebook into build/executed/
 #   make test   set up (if needed), start the local Slurm cluster, run lint + the whole test suite
 #   make lab    set up (if needed) and open JupyterLab on the workbook
+#   make hub    (root) a workshop JupyterHub: each learner's JupyterLab a Slurm job; make hub-down stops it
 # Everything installs into ./.venv; nothing touches the system Python.
 
 SHELL      := /bin/bash
@@ -13,7 +14,7 @@ KERNEL     ?= pdl-workbook
 SLURM_NODES ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: help setup run smoke test test-quick lint format lab labs bench slurm-up slurm-down clean
+.PHONY: help setup run smoke test test-quick lint format lab labs bench dryrun gpu-check slurm-up slurm-down hub hub-down clean
 
 help:
 	@grep -E '^#   make' Makefile | sed 's/^#   //'
@@ -22,7 +23,7 @@ help:
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,deepspeed]'
+	$(PY) -m pip install --quiet -e '.[dev,deepspeed,hub]'
 	@# The notebooks' kernel lives inside this venv (--sys-prefix): nothing is registered
 	@# user-wide, so two checkouts side by side each run their own code.
 	$(PY) -m ipykernel install --sys-prefix --name $(KERNEL) --display-name "PDL workbook ($(CURDIR))" >/dev/null
@@ -61,11 +62,30 @@ bench: setup
 	$(PY) -m helpers.course.bench pipeline
 	$(PY) -m helpers.course.bench mfu
 
+# Every job the notebooks and labs write, checked as a GPU cluster would run it: its program
+# at full size on fake tensors (memory against the GPU), and on 2 CPU ranks posing as GPUs
+# that refuse host tensors as NCCL does. `make test` checks each notebook's jobs too.
+dryrun: setup
+	$(PY) -m helpers.course.dryrun --execute
+
+# On a GPU node (instructors, before a workshop): every job program on all visible GPUs with
+# NCCL, notebook 01 on CUDA, and the GPU figures notebooks 01, 02 and 07 show.
+gpu-check: setup
+	$(PY) -m helpers.course.gpucheck
+
 slurm-up:
 	bash slurm/local/start.sh --nodes $(SLURM_NODES)
 
 slurm-down:
 	bash slurm/local/stop.sh
+
+# A workshop hub (root): JupyterHub with PAM sign-in for the class list HUB_CLASS, each
+# JupyterLab a Slurm job of the learner's; docs/instructors.md, "A workshop hub".
+hub: setup
+	bash slurm/hub/start.sh
+
+hub-down:
+	bash slurm/hub/stop.sh
 
 test: setup lint slurm-up
 	$(PY) -m pytest $(PYTEST_ARGS)

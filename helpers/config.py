@@ -13,18 +13,27 @@
 Every field becomes ``--field`` (underscores also accepted as dashes). Bools
 take true/false/1/0/yes/no. A field may declare ``choices`` in its metadata.
 Unknown options are an error that lists the valid ones.
+
+A field may also declare a ``small`` value: the size a laptop can run. With
+``$WORKBOOK_SMALL`` set (the dry run's device-strict check sets it, to run a cluster
+job's program on two CPU ranks) those values replace whatever the command line says::
+
+    dim: int = field(default=0, metadata={"small": 64})
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from typing import Any, TypeVar, get_type_hints
 
 T = TypeVar("T")
 
-__all__ = ["parse", "to_args"]
+__all__ = ["parse", "to_args", "SMALL_ENV"]
+
+SMALL_ENV = "WORKBOOK_SMALL"
 
 
 def _bool(s: str) -> bool:
@@ -70,8 +79,11 @@ def parse(cls: type[T], argv: list[str] | None = None, prog: str | None = None) 
             choices=f.metadata.get("choices"),
             help=f.metadata.get("help", f"(default: {default!r})"),
         )
-    ns = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    return cls(**vars(ns))
+    ns = vars(parser.parse_args(sys.argv[1:] if argv is None else argv))
+    if os.environ.get(SMALL_ENV):
+        ns.update({f.name: f.metadata["small"] for f in dataclasses.fields(cls)
+                   if "small" in f.metadata})  # fmt: skip
+    return cls(**ns)
 
 
 def to_args(cfg: Any) -> list[str]:

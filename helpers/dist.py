@@ -17,7 +17,10 @@ and runs unchanged in three worlds:
                                            master = first host of SLURM_JOB_NODELIST
 
 The backend is NCCL when a GPU is visible and gloo otherwise, so the same file
-is a CPU exercise on a laptop and a GPU job on a cluster.
+is a CPU exercise on a laptop and a GPU job on a cluster. A third world checks the
+second without a GPU: with ``$WORKBOOK_DEVICE_CHECK=strict`` the device is a stand-in
+GPU whose process group refuses host tensors as NCCL does, and with ``=fake`` one
+process plays one rank of a full-size job on fake tensors (``helpers.standin``).
 
 The helpers ``rank()``, ``world_size()`` and ``is_main()`` give trivial answers
 (0, 1, True) when no process group exists, so single-process code needs no
@@ -39,6 +42,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as tdist
 
+from helpers import standin
+
 __all__ = [
     "Dist",
     "init",
@@ -53,6 +58,9 @@ __all__ = [
     "barrier",
     "seed_all",
     "env_from_slurm",
+    "synchronize",
+    "supports_bf16",
+    "device_name",
 ]
 
 DEFAULT_PORT = 29500
@@ -142,6 +150,10 @@ def env_from_slurm(environ: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def _pick_device(local_rank: int, backend: str | None) -> tuple[torch.device, str]:
+    check = standin.mode()
+    if check:  # the stand-in GPU: "standin" refuses host tensors, "dryrun" plays one rank
+        standin.install()
+        return standin.device(), "standin" if check == "strict" else "dryrun"
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
@@ -158,6 +170,9 @@ def init(backend: str | None = None, timeout_s: float = 300.0) -> Dist:
     """
     os.environ.update(env_from_slurm())
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        if standin.mode():
+            standin.install()
+            return Dist(device=standin.device(), backend="none")
         device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
         return Dist(device=device, backend="none")
 
@@ -169,6 +184,8 @@ def init(backend: str | None = None, timeout_s: float = 300.0) -> Dist:
         kwargs = {}
         if backend == "nccl":
             kwargs["device_id"] = device  # lets NCCL set up communicators eagerly
+        if backend == "dryrun":  # one rank alone: no rendezvous with peers that do not exist
+            kwargs["store"] = tdist.HashStore()
         tdist.init_process_group(
             backend=backend,
             rank=rank_,
@@ -267,3 +284,37 @@ def seed_all(seed: int, rank_offset: int = 0) -> None:
         np.random.seed(s % 2**32)
     except ImportError:  # numpy is optional for the helpers themselves
         pass
+
+
+# --------------------------------------------------------------------------- devices
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work: call it before reading a clock.
+
+    GPU kernels run asynchronously; without this a timer measures how long it took to
+    *launch* the work. A no-op on the CPU.
+    """
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def device_name(device: torch.device) -> str:
+    """'NVIDIA H100 80GB HBM3', 'stand-in h100' or 'cpu'."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == standin.DEVICE_TYPE:
+        return torch.gpu.get_device_name()
+    return "cpu"
+
+
+def supports_bf16(device: torch.device) -> bool:
+    """Native bf16 arithmetic on this device (emulation excluded: V100 and T4 answer False).
+
+    ``torch.cuda.is_bf16_supported`` counts emulation by default, and says True on a V100.
+    """
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    if device.type == standin.DEVICE_TYPE:
+        return torch.gpu.is_bf16_supported(including_emulation=False)
+    return True  # CPUs compute bf16 (AMX or AVX-512 where present, emulated otherwise)

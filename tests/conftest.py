@@ -16,3 +16,24 @@ def _isolated_runs(tmp_path_factory):
     # Every launch in the tests writes its run directory here, not in ./runs.
     os.environ["WORKBOOK_RUNS"] = str(tmp_path_factory.mktemp("runs"))
     yield
+
+
+def pytest_sessionstart(session):
+    # The dry run's rows of this session only (the notebook and lab tests add theirs).
+    import shutil
+    from pathlib import Path
+
+    shutil.rmtree(
+        Path(__file__).resolve().parents[1] / "build" / "dryrun" / "rows", ignore_errors=True
+    )
+
+
+def pytest_sessionfinish(session, exitstatus):
+    # Every job the notebooks and labs wrote, checked: build/dryrun/report.md
+    from pathlib import Path
+
+    from helpers.course import dryrun
+
+    out = Path(__file__).resolve().parents[1] / "build" / "dryrun"
+    if (out / "rows").is_dir():
+        (out / "report.md").write_text(dryrun.combined(out))

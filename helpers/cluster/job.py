@@ -9,7 +9,11 @@
     job.result()          # the metrics.json rank 0 wrote with helpers.runs.write_metrics
 
 Each job gets a run directory (``runs/NAME/<id>/``: program.py, the modules
-beside it that it imports, job.sh, command.txt, slurm-<jobid>.out, metrics.json). The job id is recorded in
+beside it that it imports, job.sh, job.json, command.txt, slurm-<jobid>.out, metrics.json).
+The script names its files relative to that directory, so the directory is the job: copy
+it to a cluster and ``sbatch job.sh`` there. ``job.json`` describes the job (profile,
+resources, arguments, the GPU it asks for); ``helpers.course.dryrun`` checks every job a
+notebook wrote from it. The job id is recorded in
 ``runs/NAME/slurm/<key>.json`` where key hashes the program, the resources and
 the rendered script, so re-running a notebook re-attaches instead of
 resubmitting, and a changed program is a new job.
@@ -70,6 +74,8 @@ class Job:
     nccl_debug: bool = False
     signal: str = ""  # e.g. "USR1@90": a warning signal before the time limit
     requeue: bool = False  # back to the queue when preempted or stopped by the signal
+    launcher: str = "torchrun"  # or "deepspeed": DeepSpeed's launcher on a single node
+    files: Sequence[str | os.PathLike] = ()  # more files the program reads (a config): copied
     job_id: str | None = field(default=None, init=False)
     run_dir: Path | None = field(default=None, init=False)
 
@@ -83,10 +89,15 @@ class Job:
             raise FileNotFoundError(f"program {str(path)!r} not found (cwd {Path.cwd()})")
         self._source = path.read_text()
         self._modules = sibling_imports(path)  # e.g. programs/ring.py for `from ring import`
-        # Key: the program, the modules it imports, and the script rendered with a
-        # placeholder run directory (resources, profile, options, the templates themselves).
+        for extra in self.files:  # shipped beside the program, read by it at run time
+            extra = Path(extra)
+            if not extra.is_file():
+                raise FileNotFoundError(f"file {str(extra)!r} for job {self.name!r} not found")
+            self._modules[extra.name] = extra.read_text()
+        # Key: the program, the files beside it, and the script (resources, profile,
+        # options, the templates themselves).
         parts = [self._source, *(f"{k}\0{v}" for k, v in sorted(self._modules.items()))]
-        blob = "\0".join([*parts, self._render("RUN_DIR")])
+        blob = "\0".join([*parts, self._render()])
         self.key = hashlib.sha256(blob.encode()).hexdigest()[:16]
         self._state = "NOT_SUBMITTED"
         rec = self._load_record()
@@ -96,7 +107,8 @@ class Job:
             self._state = rec.get("state", "UNKNOWN") if self.job_id else "NOT_SUBMITTED"
 
     # ------------------------------------------------------------------ files
-    def _render(self, run_dir: str) -> str:
+    def _render(self) -> str:
+        """The script: paths relative to the run directory, which sbatch runs it from."""
         spec = JobSpec(
             name=self.name,
             profile=self._profile,
@@ -104,13 +116,14 @@ class Job:
             nodes=self.nodes,
             gpus_per_node=self.gpus_per_node,
             time=self.time,
-            program=str(Path(run_dir) / "program.py"),
+            program="program.py",
             args=self.args,
-            run_dir=run_dir,
+            run_dir=".",
             nsys=self.nsys,
             nccl_debug=self.nccl_debug,
             signal=self.signal,
             requeue=self.requeue,
+            launcher=self.launcher,
         )
         return render(spec)
 
@@ -150,13 +163,32 @@ class Job:
         (self.run_dir / "program.py").write_text(self._source)
         for file_name, source in self._modules.items():  # beside program.py: imports work
             (self.run_dir / file_name).write_text(source)
-        self.script.write_text(self._render(str(self.run_dir)))
+        self.script.write_text(self._render())
         self.script.chmod(0o755)
+        (self.run_dir / "job.json").write_text(json.dumps(self.manifest(), indent=2) + "\n")
         (self.run_dir / "command.txt").write_text(
             f"cd {shlex.quote(str(self.run_dir))} && sbatch job.sh\n"
         )
         self._save_record()
         return self.script
+
+    def text(self) -> str:
+        """The job script (written on first use), to read or to print in a notebook."""
+        return self.write().read_text()
+
+    def manifest(self) -> dict:
+        """What a checker needs to know of this job, without parsing its script."""
+        facts = self._profile.facts(self._values)
+        mem = next((self._profile.fill(d.value, self._values, quote=False)
+                    for d in self._profile.directives if d.flag == "--mem"), "")  # fmt: skip
+        return {
+            "name": self.name, "profile": self.profile, "values": self._values,
+            "nodes": self.nodes, "gpus_per_node": self.gpus_per_node, "time": self.time,
+            "program": "program.py", "args": list(self.args), "launcher": self.launcher,
+            "files": sorted(self._modules), "gpu": facts["gpu"], "mem": mem,
+            "host_mem_per_gpu_gb": facts["host_mem_per_gpu_gb"], "key": self.key,
+            "written_by": os.environ.get("WORKBOOK_NOTEBOOK", ""),
+        }  # fmt: skip
 
     def local_command(self) -> str:
         """How to run the same program on this machine, without Slurm."""

@@ -81,6 +81,10 @@ class JobSpec:
     # go back to the queue after it was preempted, requeued, or stopped by the signal.
     signal: str = ""
     requeue: bool = False
+    # "deepspeed": one node starts its ranks with DeepSpeed's own launcher (seed 000's
+    # recipe); several nodes keep srun + torchrun, which deepspeed.init_distributed reads.
+    # "python": one process with every GPU of the node (a tool that starts its own ranks).
+    launcher: str = "torchrun"
 
 
 def check_signal(signal: str) -> tuple[str, int] | None:
@@ -113,6 +117,12 @@ def _check(spec: JobSpec) -> None:
     check_job_name(spec.name)
     check_time(spec.time)
     check_signal(spec.signal)
+    if spec.launcher not in ("torchrun", "deepspeed", "python"):
+        raise ValueError(
+            f"launcher must be 'torchrun', 'deepspeed' or 'python', got {spec.launcher!r}"
+        )
+    if spec.launcher == "python" and spec.nodes > 1:
+        raise ValueError("launcher='python' starts one process: use nodes=1")
     for what, n in (("nodes", spec.nodes), ("gpus_per_node", spec.gpus_per_node)):
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"{what} must be a whole number >= 1, got {n!r}")
@@ -168,8 +178,11 @@ def launch_command(spec: JobSpec) -> str:
     program = shlex.quote(spec.program)
     args = " ".join(shlex.quote(str(a)) for a in spec.args)
     shape = shape_of(spec.nodes, spec.gpus_per_node)
-    if shape == "single":
+    if shape == "single" or spec.launcher == "python":  # one process (it may start its own)
         return " ".join(x for x in ("python", program, args) if x)
+    if shape == "node" and spec.launcher == "deepspeed":
+        return " ".join(["deepspeed", f"--num_gpus={spec.gpus_per_node}", "--master_port=$PORT",
+                         program, args]).rstrip()  # fmt: skip
     if shape == "node":
         cmd = torchrun_command(
             "PROGRAM",
@@ -223,6 +236,7 @@ def render(spec: JobSpec) -> str:
         nodes=spec.nodes,
         gpus=spec.gpus_per_node,
         port_base=PORT_BASE,
+        launcher=spec.launcher,
     )
     return text.rstrip("\n") + "\n"  # the launch line is the script's last line
 

@@ -52,6 +52,9 @@ _AUTO = {
 }
 
 
+_FACTS = ("max_gpus_per_node", "cpus_per_gpu", "gpu", "host_mem_per_gpu_gb")
+
+
 class ProfileError(ValueError):
     """A profile is unknown, malformed, or needs a value the user has not given."""
 
@@ -91,17 +94,43 @@ class Profile:
     fields: dict = field(default_factory=dict)
     # Node facts that follow a field's value: {"arch": {"a100": {"cpus_per_gpu": 8, ...}}}
     variants: dict = field(default_factory=dict)
+    gpu: str = ""  # the GPU a job gets, a key of helpers.gpus (variants may change it)
+    host_mem_per_gpu_gb: float = 0.0  # host memory of a node per GPU, where no --mem is set
 
-    def node_facts(self, values: dict[str, str]) -> tuple[int, int]:
-        """(max GPUs per node, CPUs per GPU) for these field values.
-
-        A ``[variant.FIELD.VALUE]`` table of the profile overrides the defaults, so
-        a GPU type chosen by a field brings its own node shape with it.
-        """
-        facts = {"max_gpus_per_node": self.max_gpus_per_node, "cpus_per_gpu": self.cpus_per_gpu}
+    def facts(self, values: dict[str, str]) -> dict:
+        """Node facts for these field values: max_gpus_per_node, cpus_per_gpu, gpu,
+        host_mem_per_gpu_gb. A ``[variant.FIELD.VALUE]`` table of the profile overrides the
+        defaults, so a GPU type chosen by a field brings its own node shape with it."""
+        facts = {
+            "max_gpus_per_node": self.max_gpus_per_node,
+            "cpus_per_gpu": self.cpus_per_gpu,
+            "gpu": self.gpu,
+            "host_mem_per_gpu_gb": self.host_mem_per_gpu_gb,
+        }
         for key, by_value in self.variants.items():
             facts.update(by_value.get(values.get(key), {}))
+        return facts
+
+    def node_facts(self, values: dict[str, str]) -> tuple[int, int]:
+        """(max GPUs per node, CPUs per GPU) for these field values."""
+        facts = self.facts(values)
         return int(facts["max_gpus_per_node"]), int(facts["cpus_per_gpu"])
+
+    def gpu_variants(self, values: dict[str, str]) -> list[dict[str, str]]:
+        """The field values of every GPU this profile offers, ``values`` first.
+
+        A profile whose variants choose the GPU (engaging: gpu_type h200 or the default
+        L40S; jean-zay: arch h100 or a100) gives one set of values per variant.
+        """
+        out = [dict(values)]
+        for key, by_value in self.variants.items():
+            if not any("gpu" in facts for facts in by_value.values()):
+                continue
+            for value in by_value:
+                other = {**values, key: value}
+                if other not in out:
+                    out.append(other)
+        return out
 
     @property
     def text(self) -> str:
@@ -188,11 +217,11 @@ def load_profile(name: str) -> Profile:
             raise ProfileError(f"profile file {path} lacks the required key {key!r}")
     variants = raw.get("variant", {})
     for key, by_value in variants.items():
-        bad = {k for v in by_value.values() for k in v} - {"max_gpus_per_node", "cpus_per_gpu"}
+        bad = {k for v in by_value.values() for k in v} - set(_FACTS)
         if key not in raw.get("fields", {}) or bad:
             raise ProfileError(
                 f"{path}: [variant.{key}.*] must name a field of the profile and set only "
-                f"max_gpus_per_node / cpus_per_gpu (found {sorted(bad) or key!r})"
+                f"{', '.join(_FACTS)} (found {sorted(bad) or key!r})"
             )
     directives = []
     for d in raw.get("directive", []):
@@ -210,4 +239,6 @@ def load_profile(name: str) -> Profile:
         directives=tuple(directives),
         fields=dict(raw.get("fields", {})),
         variants=variants,
+        gpu=str(raw.get("gpu", "")),
+        host_mem_per_gpu_gb=float(raw.get("host_mem_per_gpu_gb", 0.0)),
     )

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -94,8 +95,11 @@ def execute(
     smoke: bool = False,
     cell_timeout: float = 1800,
     root: Path | None = None,
+    kernel_name: str | None = None,
 ) -> Executed:
     """Run one notebook with papermill into ``output``; never raises for a failing cell.
+
+    kernel_name: None runs the kernel the notebook's metadata names (``pdl-workbook``).
 
     notebook: relative to the checkout (or absolute); cwd of the kernel = its folder.
     cell_timeout: seconds one cell may run before it counts as failed.
@@ -108,18 +112,25 @@ def execute(
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
+    before = os.environ.get("WORKBOOK_NOTEBOOK")
+    os.environ["WORKBOOK_NOTEBOOK"] = name  # the kernel inherits it: jobs say who wrote them
     try:
         papermill.execute_notebook(
             str(src),
             str(output),
             parameters={"SMOKE": True} if smoke else {},
-            kernel_name=None,  # the kernel the notebook's metadata names
+            kernel_name=kernel_name,  # None: the kernel the notebook's metadata names
             cwd=str(src.parent),
             progress_bar=False,
             execution_timeout=cell_timeout,
         )
     except Exception as exc:  # a failing cell is a result to report, not a crash
         return Executed(name, False, time.perf_counter() - start, output, _describe(exc))
+    finally:
+        if before is None:
+            os.environ.pop("WORKBOOK_NOTEBOOK", None)
+        else:
+            os.environ["WORKBOOK_NOTEBOOK"] = before
     return Executed(name, True, time.perf_counter() - start, output)
 
 

@@ -2,10 +2,11 @@
 
 nbgrader's JupyterLab extension has one plugin per tool. A learner needs two of
 them: the assignment list (fetch, submit, fetch feedback) and the Validate
-button. The instructor tools (the "Create Assignment" sidebar, the formgrader,
-the course list, and the Nbgrader menu that leads to them) only confuse a
-learner, so the learner role disables them, and the matching server extensions,
-for that user only (``~/.jupyter``, or ``$JUPYTER_CONFIG_DIR``)::
+button. The instructor tools (the "Create Assignment" sidebar, the formgrader and
+the course list) only confuse a learner, so the learner role disables them, and
+the matching server extensions, for that user only (``~/.jupyter``, or
+``$JUPYTER_CONFIG_DIR``). The Nbgrader menu stays: it lists only the tools that are
+on, so a learner's shows "Assignment List", the one way to open it::
 
     python -m helpers.course.roles learner       # each learner, once
     python -m helpers.course.roles instructor    # the instructor: everything back on
@@ -24,9 +25,13 @@ INSTRUCTOR_PLUGINS = (
     "@jupyter/nbgrader:create-assignment",
     "@jupyter/nbgrader:formgrader",
     "@jupyter/nbgrader:course-list",
+)
+# The menu: without it nothing opens the assignment list (no palette entry either).
+LEARNER_PLUGINS = (
+    "@jupyter/nbgrader:assignment-list",
+    "@jupyter/nbgrader:validate-assignment",
     "@jupyter/nbgrader:menu",
 )
-LEARNER_PLUGINS = ("@jupyter/nbgrader:assignment-list", "@jupyter/nbgrader:validate-assignment")
 INSTRUCTOR_SERVER_EXTENSIONS = (
     "nbgrader.server_extensions.formgrader",
     "nbgrader.server_extensions.course_list",

@@ -235,12 +235,36 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def init_weights(self, seed: int = 0) -> Transformer:
-        """Deterministic init (normal(0, 0.02) matrices, unit norms), the same on every rank."""
-        g = torch.Generator().manual_seed(seed)
+        """Deterministic init (normal(0, 0.02) matrices, unit norms), the same on every rank.
+
+        Works on a model built on the meta device and materialised with ``to_empty`` after
+        tensor parallelism and FSDP sharded it (torchtitan's order): each parameter is drawn
+        whole, one at a time, and each rank keeps only its own shard of it, so no rank ever
+        holds the whole model. On a CUDA device the draws come from the GPU's generator
+        (the same on every rank, not the CPU's numbers); elsewhere from the CPU's.
+        """
+        device = next(self.parameters()).device
+        on_gpu = device.type == "cuda"
+        g = torch.Generator(device=device if on_gpu else "cpu").manual_seed(seed)
         for name, p in sorted(self.named_parameters()):
             if name.endswith("norm.weight"):
-                p.fill_(1.0)
+                full = torch.ones(p.shape, device=device if on_gpu else "cpu")
             else:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.02)
-        self.rope = rotary_tables(self.args.head_dim, self.args.max_seq_len, self.args.rope_theta)
+                full = torch.randn(p.shape, generator=g, device=g.device) * 0.02
+            _assign(p, full)
+        tables = rotary_tables(self.args.head_dim, self.args.max_seq_len, self.args.rope_theta)
+        self.rope = tables.to(device)  # a buffer beside the weights: on their device
         return self
+
+
+def _assign(p: torch.Tensor, full: torch.Tensor) -> None:
+    """Copy a whole parameter's values into ``p``, or into this rank's shard of it."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if isinstance(p, DTensor):
+        shard = distribute_tensor(
+            full.to(p.device), p.device_mesh, p.placements, src_data_rank=None
+        )
+        p.to_local().copy_(shard.to_local())
+    else:
+        p.copy_(full)

@@ -33,7 +33,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as tdist
 
-from helpers.dist import Dist
+from helpers.dist import Dist, synchronize
 
 __all__ = [
     "chunk_bounds",
@@ -177,7 +177,8 @@ def demo_collectives(d: Dist, n: int | None = None) -> dict[str, tuple[list, lis
     it came from. n defaults to 2 * world_size (reduce-scatter then gives 2 each).
     """
     n = n or 2 * d.world_size
-    start = torch.arange(n, dtype=torch.float32) + 10 * d.rank  # (n,)
+    # on the rank's device: NCCL takes only GPU tensors (gloo, on the CPU, takes both)
+    start = torch.arange(n, dtype=torch.float32, device=d.device) + 10 * d.rank  # (n,)
     out: dict[str, tuple[list, list]] = {}
 
     x = start.clone()
@@ -208,7 +209,7 @@ def ring_trace(d: Dist, elems_per_chunk: int = 1) -> dict:
     Rank r starts with 2**r everywhere, so a value read in binary names the
     ranks already summed into it (15 = 0b1111 = all four of four ranks).
     """
-    x = torch.full((d.world_size * elems_per_chunk,), float(2**d.rank))
+    x = torch.full((d.world_size * elems_per_chunk,), float(2**d.rank), device=d.device)
     expected = x.clone()
     tdist.all_reduce(expected)
     trace: list = []
@@ -222,15 +223,22 @@ def ring_trace(d: Dist, elems_per_chunk: int = 1) -> dict:
 
 
 def _slowest_times(d: Dist, fn, buf: torch.Tensor, src: torch.Tensor, repeats: int, warmup: int):
-    """Seconds of each timed repeat of ``fn(d, buf)``, slowest rank per repeat (on every rank)."""
+    """Seconds of each timed repeat of ``fn(d, buf)``, slowest rank per repeat (on every rank).
+
+    On a GPU a collective is queued, not done, when the call returns: the clock is read
+    only after ``synchronize`` waits for the device. The warm-up repeats (communicators
+    set up, buffers allocated) are left out.
+    """
     times = []
     for _ in range(warmup + repeats):
         buf.copy_(src)
+        synchronize(d.device)
         tdist.barrier()
         t0 = time.perf_counter()
         fn(d, buf)
+        synchronize(d.device)
         times.append(time.perf_counter() - t0)
-    slowest = torch.tensor(times[warmup:], dtype=torch.float64)
+    slowest = torch.tensor(times[warmup:], dtype=torch.float64, device=d.device)
     tdist.all_reduce(slowest, op=tdist.ReduceOp.MAX)
     return slowest.tolist()
 
@@ -254,7 +262,7 @@ def time_all_reduce(d: Dist, algo: str, numel: int, repeats: int = 5, warmup: in
 def _all_reduce_times(d: Dist, algo: str, numel: int, repeats: int, warmup: int) -> list[float]:
     if algo not in ALL_REDUCES:
         raise ValueError(f"unknown all-reduce {algo!r}: use one of {sorted(ALL_REDUCES)}")
-    src = torch.randn(numel, generator=torch.Generator().manual_seed(d.rank))
+    src = torch.randn(numel, generator=torch.Generator().manual_seed(d.rank)).to(d.device)
     return _slowest_times(d, ALL_REDUCES[algo], torch.empty_like(src), src, repeats, warmup)
 
 
@@ -301,7 +309,7 @@ def pingpong(d: Dist, sizes_bytes: list[int], repeats: int = 10, warmup: int = 3
     rows = []
     for nbytes in sizes_bytes:
         numel = max(1, int(nbytes) // 4)
-        src = torch.zeros(numel)
+        src = torch.zeros(numel, device=d.device)
         times = _slowest_times(d, _bounce, torch.empty_like(src), src, repeats, warmup)
         rows.append(dict(bytes=numel * 4, **_spread([t / 2 for t in times])))
     return rows

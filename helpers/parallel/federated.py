@@ -70,9 +70,10 @@ def weighted_average(d: Dist, model: nn.Module, n_samples: int) -> int:
     One all-reduce of the flattened weights (the server's job), so one round
     costs the same bytes as one DDP gradient all-reduce. Returns sum_k n_k.
     """
-    total = torch.tensor([float(n_samples)], dtype=torch.float64)
-    tdist.all_reduce(total)  # sum_k n_k, known to every rank
     flat = parameters_to_vector(model.parameters())  # (P,) a copy of this client's weights
+    # the count travels on the weights' device: NCCL takes GPU tensors only
+    total = torch.tensor([float(n_samples)], dtype=torch.float64, device=flat.device)
+    tdist.all_reduce(total)  # sum_k n_k, known to every rank
     flat.mul_(n_samples / total.item())  # n_k / n * w_k
     tdist.all_reduce(flat)  # sum_k n_k / n * w_k on every rank
     vector_to_parameters(flat, model.parameters())

@@ -94,7 +94,10 @@ def apply_tp(model: nn.Module, tp_mesh, loss_parallel: bool = False) -> nn.Modul
     """Shard a helpers.models.llama2.Transformer over tp_mesh (1D) in place.
 
     Sequences fed to the model must have a length divisible by tp (sequence parallelism).
+    A mesh of one rank leaves the model as it is: nothing to split.
     """
+    if tp_mesh.size() == 1:
+        return model
     check_tp_degree(model.args, tp_mesh.size())
     for block in model.layers.values():
         parallelize_module(block, tp_mesh, block_plan())
@@ -104,15 +107,24 @@ def apply_tp(model: nn.Module, tp_mesh, loss_parallel: bool = False) -> nn.Modul
     return model
 
 
-def apply_fsdp(model: nn.Module, dp_mesh, reshard_after_forward: bool = True) -> nn.Module:
+def apply_fsdp(
+    model: nn.Module, dp_mesh, reshard_after_forward: bool = True, mixed_precision=None
+) -> nn.Module:
     """FSDP2: each block is one all-gather unit (sharded over dp_mesh), then the root.
 
     Wrapping block by block lets block i+1's all-gather overlap block i's compute, and frees
     each block's full weights after use, so a rank holds one unsharded block at a time.
+    ``mixed_precision=torch.bfloat16``: gather and compute in bf16, keep fp32 shards (the
+    optimizer's master weights) and reduce-scatter gradients in fp32, as torchtitan does.
     """
-    from torch.distributed.fsdp import fully_shard
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    policy = MixedPrecisionPolicy()
+    if mixed_precision is not None and mixed_precision != torch.float32:
+        policy = MixedPrecisionPolicy(param_dtype=mixed_precision, reduce_dtype=torch.float32)
     for block in model.layers.values():
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward,
+                    mp_policy=policy)  # fmt: skip
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
     return model

@@ -17,8 +17,6 @@ them take exactly the step one process would take on the whole batch.
 
 from __future__ import annotations
 
-import shlex
-
 import torch
 import torch.distributed as tdist
 from torch import nn
@@ -33,7 +31,6 @@ __all__ = [
     "zero1_optimizer",
     "shard_numels",
     "deepspeed_config",
-    "deepspeed_job",
     "run_steps",
 ]
 
@@ -141,39 +138,3 @@ def run_steps(d: Dist, model: nn.Module, x, y, steps: int, lr: float, mode: str)
         "states": memory.measure_states(model, opt),
         "local_numel": fsdp.local_numels(model),
     }
-
-
-def deepspeed_job(
-    profile: str,
-    nodes: int,
-    gpus_per_node: int,
-    program: str = "ds_zero.py",
-    config: str = "ds_config.json",
-    args: tuple = (),
-    **options,
-) -> str:
-    """The job script that starts a DeepSpeed ``program`` with its ``--deepspeed_config``.
-
-    One node: DeepSpeed's own launcher, ``deepspeed --num_gpus G prog.py`` (seed 000's
-    recipe); it leaves OMP_NUM_THREADS unset, so the script sets it to 1 (each rank would
-    otherwise start a thread per core). Several nodes: the workbook's ``srun torchrun`` line,
-    unchanged. DeepSpeed's multi-node launcher needs passwordless ssh between the nodes and
-    a hostfile, which many clusters forbid; ``deepspeed.init_distributed`` reads torchrun's
-    RANK / WORLD_SIZE / MASTER_ADDR just as well. ``options`` go to the job (e.g. time).
-    """
-    from helpers.cluster.jobscript import preview
-
-    ds_args = ("--deepspeed_config", config, *args)
-    script = preview(profile, nodes=nodes, gpus_per_node=gpus_per_node, program=program,
-                     args=ds_args, **options)  # fmt: skip
-    if nodes > 1 or gpus_per_node == 1:  # srun torchrun, or plain python for one rank
-        return script
-    body, launch = script.rstrip("\n").rsplit("\n", 1)  # the launch line is the last line
-    if "torchrun" not in launch:
-        raise RuntimeError(f"unexpected launch line in the job script: {launch!r}")
-    body = body.replace("torchrun starts one process", "DeepSpeed's launcher starts one process")
-    command = " ".join(shlex.quote(a) for a in (program, *ds_args))
-    return (
-        f"{body}\nexport OMP_NUM_THREADS=1  # the deepspeed launcher leaves it unset\n"
-        f"deepspeed --num_gpus={gpus_per_node} --master_port=$PORT {command}\n"
-    )

@@ -28,9 +28,10 @@ class TrainConfig:
     dataset: str = field(default="cifar10", metadata={"choices": data.DATASETS})
     offline: str = field(default="auto", metadata={"choices": ("auto", "true", "false")})
     data_root: str = ""  # empty: $WORKBOOK_DATA, else data/ in the checkout
-    n_train: int = 20_000  # offline stand-in sizes (the real datasets are complete)
-    n_test: int = 2_000
-    epochs: int = 8
+    # offline stand-in sizes (the real datasets are complete); "small": the device-strict check's
+    n_train: int = field(default=20_000, metadata={"small": 256})
+    n_test: int = field(default=2_000, metadata={"small": 64})
+    epochs: int = field(default=8, metadata={"small": 1})
     batch_size: int = 32
     lr: float = 0.01
     momentum: float = 0.9

@@ -40,7 +40,7 @@ from helpers.config import parse
 from helpers.parallel import checkpoint, ddp, fsdp
 from helpers.runs import write_metrics
 from helpers.training import lr as lr_rules
-from helpers.training.loop import evaluate, phase
+from helpers.training.loop import autocast, evaluate, phase
 from helpers.training.resume import NoPreemption, Preemption
 
 
@@ -53,9 +53,12 @@ class DDPConfig:
     dataset: str = field(default="cifar10", metadata={"choices": data.DATASETS})
     offline: str = field(default="auto", metadata={"choices": ("auto", "true", "false")})
     data_root: str = ""
-    n_train: int = 8192  # offline stand-in sizes (the real datasets are complete)
-    n_test: int = 2000
-    epochs: int = 2
+    # offline stand-in sizes (the real datasets are complete); "small": the device-strict check's
+    n_train: int = field(default=8192, metadata={"small": 512})
+    n_test: int = field(default=2000, metadata={"small": 64})
+    epochs: int = field(default=2, metadata={"small": 1})
+    # auto: bf16 autocast on a GPU with native bf16 (weights and gradients stay fp32), none on CPU
+    amp: str = field(default="auto", metadata={"choices": ("auto", "none", "bf16")})
     max_steps: int = 0  # > 0: stop each epoch after this many steps (benchmarks)
     batch_size: int = 64  # per rank
     base_batch: int = 64  # the global batch that --lr was tuned for
@@ -245,10 +248,11 @@ def _train_epochs(d, cfg, loader, net, opt, sched, manual: bool, ckpt, stop) -> 
         for i, (x, y) in enumerate(batches, start=offset):
             if cfg.max_steps and i >= cfg.max_steps:
                 break
+            dist.synchronize(d.device)  # queued GPU work is not done: wait before the clock
             t = time.perf_counter()
             x, y = x.to(d.device), y.to(d.device)
             opt.zero_grad(set_to_none=True)
-            with phase("forward"):
+            with phase("forward"), autocast(d.device, _amp(d, cfg)):
                 loss = nn.functional.cross_entropy(net(x), y)
             with phase("backward"):
                 loss.backward()  # DDP all-reduces gradient buckets during this call
@@ -259,7 +263,7 @@ def _train_epochs(d, cfg, loader, net, opt, sched, manual: bool, ckpt, stop) -> 
             with phase("optimizer"):
                 opt.step()
                 sched.step()
-            log["losses"].append(loss.item())
+            log["losses"].append(loss.item())  # .item() waits for the device
             log["step"] += 1
             done_here += 1
             if done_here > 1:  # this process's first step pays one-off costs (DDP setup)
@@ -281,6 +285,13 @@ def _train_epochs(d, cfg, loader, net, opt, sched, manual: bool, ckpt, stop) -> 
     if cfg.ckpt_dir and not saved:  # a requeued run that had finished resumes here and stops
         _save(d, cfg, net, opt, sched, log, {"epoch": cfg.epochs, "offset": 0})
     return {**log, "elapsed": elapsed, "timed_steps": timed_steps}
+
+
+def _amp(d: dist.Dist, cfg: DDPConfig) -> str:
+    """bf16 autocast where the GPU computes bf16 natively (auto), else none."""
+    if cfg.amp != "auto":
+        return cfg.amp
+    return "bf16" if d.device.type != "cpu" and dist.supports_bf16(d.device) else "none"
 
 
 def _inject_faults(d, cfg, step: int, resumed: bool) -> None:

@@ -6,12 +6,23 @@
 
 The mesh is (dp, tp) with TP inside a node (helpers.parallel.mesh); dp = world / tp.
 Each DP group reads its own slice of the global batch; the TP ranks of a group read the
-same tokens (they hold halves of the same layers). Rank 0 writes tokens/s and MFU:
+same tokens (they hold halves of the same layers).
 
-    MFU = tokens/s x FLOPs per token / (ranks x peak FLOP/s per rank)
+The model is built on the meta device, sharded (TP, then FSDP), materialised with
+``to_empty`` on the rank's device and only then initialised, parameter by parameter: no rank
+ever holds the whole model (a 7B model in fp32 is 27 GB). On a GPU with native bf16 it
+trains in mixed precision as torchtitan does: FSDP2's MixedPrecisionPolicy computes in bf16
+with fp32 master weights and fp32 gradient reductions (``--dtype auto``); on CPU ranks in
+fp32, so the losses equal one process's. Rank 0 writes tokens/s and
 
-``--peak-flops`` is the per-rank peak: a GPU's datasheet figure (989e12 for an H100's dense
-BF16), or 0 to measure this machine's achievable float32 matmul rate first (on CPU).
+    MFU = tokens/s x model FLOPs per token / (ranks x peak FLOP/s per rank)
+
+Model FLOPs count 6 per parameter per token plus attention, and no recomputation (with
+activation recomputation, hardware FLOPs utilisation, HFU, would count the recomputed
+forward too; this program recomputes nothing, so HFU = MFU). The peak is the GPU's dense
+rate for the dtype it trains in (``helpers.gpus``: 989 TFLOP/s bf16 on an H100, 312 on an
+A100), or on CPU ranks this machine's measured float32 matmul rate; ``--peak-flops``
+overrides it.
 """
 
 from __future__ import annotations
@@ -25,7 +36,7 @@ import torch
 import torch.distributed as tdist
 import torch.nn.functional as F
 
-from helpers import dist
+from helpers import dist, gpus
 from helpers.config import parse
 from helpers.models import llama2
 from helpers.parallel import llama_parallel
@@ -40,16 +51,19 @@ __all__ = ["LlamaConfig", "synthetic_tokens", "train", "serial_losses", "matmul_
 class LlamaConfig:
     """Llama 2 with FSDP + TP on synthetic tokens (see the module docstring)."""
 
-    model: str = field(default="tiny", metadata={"choices": tuple(llama2.CONFIGS)})
-    n_layers: int = 0  # > 0: override the model's depth (cheap experiments)
-    dim: int = 0  # > 0: override the model's width (keeps its heads)
+    # "small": the laptop size the dry run's device-strict check runs (helpers.config)
+    model: str = field(default="tiny", metadata={"choices": tuple(llama2.CONFIGS), "small": "tiny"})
+    n_layers: int = field(default=0, metadata={"small": 0})  # > 0: override the model's depth
+    dim: int = field(default=0, metadata={"small": 0})  # > 0: override the width (keeps its heads)
     tp: int = 2  # tensor-parallel degree (inside a node); 1 = FSDP only
-    batch_size: int = 8  # global, split over dp
-    seq_len: int = 32
+    batch_size: int = field(default=8, metadata={"small": 8})  # global, split over dp
+    seq_len: int = field(default=32, metadata={"small": 32})
     steps: int = 5
     lr: float = 0.1
     seed: int = 0
-    peak_flops: float = 0.0  # per rank; 0 = measure a float32 matmul here
+    # auto: bf16 compute (fp32 master weights and reductions) on a GPU with native bf16
+    dtype: str = field(default="auto", metadata={"choices": ("auto", "fp32", "bf16")})
+    peak_flops: float = 0.0  # per rank; 0 = the GPU's datasheet peak, or measured on CPU
     loss_parallel: bool = False
 
 
@@ -78,11 +92,24 @@ def matmul_flops(n: int = 512, seconds: float = 0.5) -> float:
 
 def _model_args(cfg: LlamaConfig) -> llama2.ModelArgs:
     over = {k: getattr(cfg, k) for k in ("n_layers", "dim") if getattr(cfg, k)}
-    return llama2.config(cfg.model, **over)
+    base = llama2.config(cfg.model, **over)
+    # the rotary tables must cover the sequences trained on (the tiny config stops at 64)
+    return llama2.config(cfg.model, **over, max_seq_len=max(base.max_seq_len, cfg.seq_len))
+
+
+def compute_dtype(d: dist.Dist, cfg: LlamaConfig) -> torch.dtype:
+    """bf16 on a GPU with native bf16 (auto), else fp32; ``--dtype`` forces one."""
+    if cfg.dtype == "auto":
+        return (
+            torch.bfloat16
+            if d.device.type != "cpu" and dist.supports_bf16(d.device)
+            else torch.float32
+        )
+    return {"fp32": torch.float32, "bf16": torch.bfloat16}[cfg.dtype]
 
 
 def _loss(logits, targets) -> torch.Tensor:
-    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())  # fp32 softmax
 
 
 def _loss_context(loss_parallel: bool):
@@ -121,9 +148,12 @@ def build(d: dist.Dist, cfg: LlamaConfig):
     mesh = dims.build_mesh(d.device.type, names=("dp", "tp"))
     # FSDP2 warns that the root returns a view (the logits); we never modify them in place
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view")
-    model = llama2.Transformer(_model_args(cfg)).init_weights(cfg.seed).to(d.device)
+    with torch.device("meta"):  # shapes only: no memory until each rank holds its shards
+        model = llama2.Transformer(_model_args(cfg))
     llama_parallel.apply_tp(model, mesh["tp"], cfg.loss_parallel)
-    llama_parallel.apply_fsdp(model, mesh["dp"])
+    llama_parallel.apply_fsdp(model, mesh["dp"], mixed_precision=compute_dtype(d, cfg))
+    model.to_empty(device=d.device)
+    model.init_weights(cfg.seed)
     return dims, mesh, model
 
 
@@ -137,6 +167,7 @@ def train(d: dist.Dist, cfg: LlamaConfig) -> dict:
     for step in range(cfg.steps):
         rows = synthetic_tokens(model.args.vocab_size, cfg.batch_size, cfg.seq_len, step, cfg.seed)
         rows = rows[dp_rank * local : (dp_rank + 1) * local].to(d.device)
+        dist.synchronize(d.device)  # GPU work is queued: wait for it before reading the clock
         t = time.perf_counter()
         opt.zero_grad()
         # named phases: torch.profiler ranges here, NVTX ranges in the nsys job on GPUs
@@ -150,7 +181,8 @@ def train(d: dist.Dist, cfg: LlamaConfig) -> dict:
         loss = loss.full_tensor() if hasattr(loss, "full_tensor") else loss
         mean = loss.detach().clone()
         tdist.all_reduce(mean, group=mesh["dp"].get_group())  # the global batch's mean loss
-        losses.append(mean.item() / dims.dp)
+        losses.append(mean.item() / dims.dp)  # .item() waits for the device too
+        dist.synchronize(d.device)
         times.append(time.perf_counter() - t)
     return {"losses": losses, "step_times": times, **throughput(d, cfg, model.args, times)}
 
@@ -161,15 +193,32 @@ def throughput(d: dist.Dist, cfg: LlamaConfig, args, times: list[float]) -> dict
     step = sorted(timed)[len(timed) // 2]  # median: robust to a slow step on a shared machine
     tokens_per_s = cfg.batch_size * cfg.seq_len / step
     flops = llama2.flops_per_token(args, cfg.seq_len)
-    peak = cfg.peak_flops or matmul_flops()
+    peak, source = peak_flops(d, cfg)
     return {
         "tokens_per_s": tokens_per_s,
         "flops_per_token": flops,
         "peak_flops_per_rank": peak,
+        "peak_source": source,
         "mfu": tokens_per_s * flops / (d.world_size * peak),
+        "mfu_counts": "model FLOPs (6 per parameter per token + attention), no recomputation",
+        "dtype": str(compute_dtype(d, cfg)).removeprefix("torch."),
+        "device": dist.device_name(d.device),
         "world_size": d.world_size,
         "config": asdict(cfg),
     }
+
+
+def peak_flops(d: dist.Dist, cfg: LlamaConfig) -> tuple[float, str]:
+    """(per-rank peak FLOP/s, where it comes from) for the dtype this run computes in."""
+    if cfg.peak_flops:
+        return cfg.peak_flops, "--peak-flops"
+    if d.device.type == "cpu":
+        return matmul_flops(), "measured float32 matmul on this CPU"
+    dtype = {torch.bfloat16: "bf16", torch.float32: "fp32"}[compute_dtype(d, cfg)]
+    if dtype == "fp32" and torch.backends.cuda.matmul.allow_tf32:
+        dtype = "tf32"  # fp32 matmuls on tensor cores
+    name = dist.device_name(d.device)
+    return gpus.peak_flops(name, dtype), f"{gpus.lookup(name).name} dense {dtype} (helpers/gpus.py)"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -26,6 +26,8 @@ import torch.distributed as tdist
 import torch.nn as nn
 from torch.profiler import record_function
 
+from helpers.dist import synchronize  # GPU work is queued: wait before reading a clock
+
 __all__ = [
     "AMP_CHOICES",
     "phase",
@@ -94,11 +96,6 @@ def autocast(device: torch.device, amp: str | None):
 def grad_scaler(device: torch.device, amp: str | None) -> torch.amp.GradScaler | None:
     """A GradScaler for fp16 (scales the loss so small gradients survive), else None."""
     return torch.amp.GradScaler(device.type) if _check_amp(amp, device) == "fp16" else None
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)  # GPU work is asynchronous: wait before reading a clock
 
 
 def train_step(model, x, y, optimizer, loss_fn, amp, scaler, device):

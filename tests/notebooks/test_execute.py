@@ -1,4 +1,6 @@
-"""Every notebook and every lab solution runs top to bottom with SMOKE=True.
+"""Every notebook and every lab solution runs top to bottom with SMOKE=True, and every
+job it writes passes the dry run (its program at full size on fake tensors, and device-strict
+on 2 CPU ranks: helpers.course.dryrun).
 
 The same papermill call as `python -m helpers.course.book run --smoke --solutions`,
 one test per notebook so a failure names the notebook and shows the cell.
@@ -15,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.course import book
+from helpers.course import book, dryrun
 from helpers.course.labs import labs_with_jobs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,12 +26,18 @@ NOTEBOOKS = [nb for nb in book.discover(ROOT, solutions=True) if nb not in WITH_
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=str)
-def test_notebook_runs_in_smoke_mode(notebook, tmp_path):
+def test_notebook_runs_in_smoke_mode(notebook, tmp_path, monkeypatch):
     committed = (ROOT / notebook).read_bytes()
+    monkeypatch.setenv("WORKBOOK_RUNS", str(tmp_path / "runs"))  # this notebook's jobs only
     result = book.execute(notebook, tmp_path / notebook.name, smoke=True, root=ROOT)
     assert result.ok, f"{notebook} failed after {result.seconds:.0f} s:\n{result.error}"
     assert result.output.is_file()
     assert (ROOT / notebook).read_bytes() == committed, "executing must not touch the notebook"
+    # Every job it wrote, as a GPU cluster would run it (helpers.course.dryrun, `make dryrun`)
+    rows = dryrun.check_written(tmp_path / "runs", str(notebook))
+    assert all(r.ok for r in rows), f"{notebook} writes jobs a GPU cluster would reject:\n" + (
+        dryrun.table([r for r in rows if not r.ok])
+    )
 
 
 def test_every_notebook_and_lab_solution_is_run_by_one_test():

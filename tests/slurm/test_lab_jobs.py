@@ -28,6 +28,7 @@ import nbformat
 import pytest
 
 from helpers.cluster.slurmcli import job_state
+from helpers.course import dryrun
 from helpers.course.labs import labs_with_jobs, sbatch_cells
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -73,6 +74,7 @@ CORRECT = {
     "lab3": _lab3,
     "lab4": lambda r, _: r["max_abs_error"] < 1e-4,
     "lab5": _lab5,
+    "lab7": lambda r, _: r["rows"] and all(row["max_abs_error"] < 1e-4 for row in r["rows"]),
 }
 
 
@@ -124,3 +126,7 @@ def test_lab_job_runs_the_learners_code(cluster, tmp_path, lab):
         check = CORRECT.get(lab.parent.name)
         if check is not None:
             assert check(metrics, run_dir), metrics
+
+    # The lab's jobs as a GPU cluster would run them (helpers.course.dryrun)
+    rows = dryrun.check_written(runs, f"solutions/{lab.parent.name}")
+    assert rows and all(r.ok for r in rows), dryrun.table(rows)

@@ -151,15 +151,19 @@ def test_measure_states_counts_what_adam_adds():
 def test_deepspeed_job_uses_the_deepspeed_launcher_on_one_node_and_torchrun_across_nodes():
     import subprocess
 
-    from helpers.parallel import zero
+    from helpers.cluster.jobscript import JobSpec, render
+    from helpers.cluster.profiles import load_profile
 
-    one = zero.deepspeed_job("engaging", 1, 4, values={"env": "E"}, name="ds-zero", config="c.json")
+    p = load_profile("engaging")
+    spec = dict(name="ds-zero", profile=p, values=p.values({"env": "E"}), launcher="deepspeed",
+                program="program.py", args=("--deepspeed_config", "c.json"), run_dir=".")  # fmt: skip
+    one = render(JobSpec(nodes=1, gpus_per_node=4, **spec))
     last = one.rstrip("\n").splitlines()[-1]
-    assert last == "deepspeed --num_gpus=4 --master_port=$PORT ds_zero.py --deepspeed_config c.json"
+    assert last == "deepspeed --num_gpus=4 --master_port=$PORT program.py --deepspeed_config c.json"
     assert "export OMP_NUM_THREADS=1" in one and "torchrun" not in last
-    two = zero.deepspeed_job("engaging", 2, 4, values={"env": "E"}, name="ds-zero", config="c.json")
+    two = render(JobSpec(nodes=2, gpus_per_node=4, **spec))
     last = two.rstrip("\n").splitlines()[-1]
     assert last.startswith("srun torchrun --nnodes=$SLURM_NNODES --nproc-per-node=4")
-    assert last.endswith("ds_zero.py --deepspeed_config c.json")
+    assert last.endswith("program.py --deepspeed_config c.json")
     for script in (one, two):  # both parse as bash
         assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0

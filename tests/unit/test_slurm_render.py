@@ -195,6 +195,53 @@ def test_write_only_mode_without_slurm(tmp_path, monkeypatch, capsys):
     assert os.environ["PATH"] == "/nonexistent"
 
 
+def test_a_job_directory_is_the_job_it_names_only_files_beside_it(tmp_path, monkeypatch):
+    """job.sh names its program, its files and its metrics relative to its own directory,
+    so the directory, copied anywhere (a cluster's scratch), is submitted from there."""
+    import json
+    import shutil
+
+    monkeypatch.setenv("WORKBOOK_RUNS", str(tmp_path / "runs"))
+    prog, conf = tmp_path / "train.py", tmp_path / "ds_config.json"
+    prog.write_text("import json\nprint(json.load(open('ds_config.json')))\n")
+    conf.write_text("{}")
+    job = Job(
+        "ds",
+        prog,
+        nodes=1,
+        gpus_per_node=4,
+        profile="engaging",
+        launcher="deepspeed",
+        values={"env": "E"},
+        files=[conf],
+        args=["--deepspeed_config", "ds_config.json"],
+    )
+    text = job.text()
+    assert str(tmp_path) not in text  # no path of this machine in the script
+    assert text.splitlines()[-1].endswith("program.py --deepspeed_config ds_config.json")
+    assert "export WORKBOOK_METRICS=metrics.json" in text
+    moved = shutil.copytree(job.run_dir, tmp_path / "elsewhere")
+    assert {"job.sh", "program.py", "ds_config.json", "job.json"} <= {
+        p.name for p in moved.iterdir()
+    }
+    manifest = json.loads((moved / "job.json").read_text())
+    assert (
+        manifest["gpu"] == "h200"
+        and manifest["mem"] == "30GB"
+        and manifest["launcher"] == "deepspeed"
+    )
+    assert manifest["files"] == ["ds_config.json"] and manifest["args"][-1] == "ds_config.json"
+
+
+def test_profiles_name_the_gpu_of_each_variant():
+    engaging, jz = load_profile("engaging"), load_profile("jean-zay")
+    gpus = [engaging.facts(v)["gpu"] for v in engaging.gpu_variants(engaging.values({"env": "E"}))]
+    assert gpus == ["h200", "l40s"]  # --gres=gpu:h200:N, or the default L40S
+    values = jz.values({"project": "p"})
+    assert [jz.facts(v)["gpu"] for v in jz.gpu_variants(values)] == ["h100", "a100-80"]
+    assert jz.facts({**values, "arch": "a100"})["host_mem_per_gpu_gb"] == 64
+
+
 def test_logs_per_rank_when_two_ranks_share_a_line(tmp_path, monkeypatch):
     """Ranks print into one slurm-<id>.out; a print is two writes, so lines can merge."""
     monkeypatch.setenv("PATH", "/nonexistent")
@@ -243,9 +290,7 @@ def test_sbatch_magic_write_only_saves_the_cell_and_the_job(tmp_path, monkeypatc
     assert shell.user_ns["pm"] is job and job.job_id is None
     assert (tmp_path / "programs" / "train.py").read_text() == "print('hello')\n"
     text = job.script.read_text()
-    assert "#SBATCH --account=m1_g" in text and text.rstrip().endswith(
-        shlex.quote(str(job.run_dir / "program.py"))
-    )
+    assert "#SBATCH --account=m1_g" in text and text.rstrip().endswith(" program.py")
     assert "write-only" in capsys.readouterr().out
 
 

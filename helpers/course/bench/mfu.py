@@ -3,8 +3,9 @@
 MFU (model FLOPs utilisation) = achieved model FLOP/s / peak FLOP/s. There is no datasheet
 peak for "one gloo rank on a shared 2-core CPU", so the peak here is measured: every rank
 multiplies float32 matrices at the same time as the others (the same contention as in
-training) and the median rate is the per-rank peak. On GPUs, pass the datasheet figure
-(--peak-flops 989e12 for an H100's dense BF16) to the training program instead.
+training) and the median rate is the per-rank peak. On GPUs the training program divides by
+its GPU's dense peak for the dtype it computes in (helpers/gpus.py); ``make gpu-check``
+records that figure on a site's GPUs.
 
 Megatron-LM reaches 44-52 % of the A100's peak on GPT models (seed 000's table); a tiny model
 on CPU ranks reaches far less: gloo collectives and Python overheads dwarf its small matmuls.

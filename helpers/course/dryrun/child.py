@@ -1,0 +1,144 @@
+"""One rank of a checked job: ``python -m helpers.course.dryrun.child SPEC.json``.
+
+The spec names the program, its arguments, the rank and world size, the mode (``fake``:
+full size on fake tensors; ``strict``: real CPU ranks on the stand-in GPU) and where to
+write the result: how far the program got, its peak bytes by device, and, if it failed,
+the error with the program line and the workbook line it came from.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import runpy
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+__all__ = ["main", "locate"]
+
+
+def locate(exc: BaseException, program: Path) -> dict:
+    """Where an exception came from: the program's own line, and the deepest workbook line."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    top = Path(__file__).resolve().parents[3]  # the checkout holding helpers/
+    prog = [f for f in frames if Path(f.filename).resolve() == program.resolve()]
+    ours = [f for f in frames if Path(f.filename).resolve().is_relative_to(top / "helpers")
+            and "/dryrun/" not in f.filename]  # fmt: skip
+    where = {}
+    if prog:
+        where["program_line"] = f"{program.name}:{prog[-1].lineno}: {prog[-1].line}"
+    if ours and (not prog or ours[-1] is not prog[-1]):
+        f = ours[-1]
+        where["workbook_line"] = (
+            f"{Path(f.filename).resolve().relative_to(top)}:{f.lineno}: {f.line}"
+        )
+    return where
+
+
+class _Progress:
+    """Milestones and the step limit for a strict run (a fake run has FakeRank's own)."""
+
+    def __init__(self, max_steps: int):
+        import torch
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        from helpers.course.dryrun.fake import StopDryRun
+
+        self.reached, self.steps, self.max_steps = "started", 0, max_steps
+
+        def forward(*_):
+            if self.reached == "started":
+                self.reached = "forward"
+
+        def step(*_):
+            self.steps += 1
+            self.reached = "step"
+            if self.steps >= self.max_steps:
+                raise StopDryRun(f"stopped after {self.steps} optimizer step(s)")
+
+        torch.nn.modules.module.register_module_forward_pre_hook(forward)
+        register_optimizer_step_post_hook(step)
+
+
+def _environment(spec: dict) -> None:
+    os.environ.update({
+        "RANK": str(spec["rank"]), "WORLD_SIZE": str(spec["world"]),
+        "LOCAL_RANK": str(spec.get("local_rank", spec["rank"])),
+        "LOCAL_WORLD_SIZE": str(spec.get("local_world", spec["world"])),
+        "WORKBOOK_STANDIN_GPU": spec.get("gpu", "h100"),
+        "WORKBOOK_METRICS": str(Path(spec["result"]).with_suffix(".metrics.json")),
+    })  # fmt: skip
+    if spec["mode"] in ("fake", "strict"):  # "gpu": the real device, for make gpu-check
+        os.environ["WORKBOOK_DEVICE_CHECK"] = spec["mode"]
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(spec.get("port", 29500)))
+    if spec.get("small"):
+        os.environ["WORKBOOK_SMALL"] = "1"
+    for key in ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_JOB_ID"):
+        os.environ.pop(key, None)  # the job's own ranks, not the Slurm job running the check
+
+
+def _run_program(program: Path, tracker, progress, result: dict) -> None:
+    """The program as __main__, under the fake rank if there is one; its end in ``result``."""
+    from helpers.course.dryrun.fake import StopDryRun
+
+    start = time.perf_counter()
+    try:
+        with tracker if tracker is not None else contextlib.nullcontext():
+            runpy.run_path(str(program), run_name="__main__")
+        result["ended"] = "the program's end"
+        progress.reached = "end"
+    except StopDryRun as stop:
+        result["ended"] = str(stop)
+    except SystemExit as e:
+        result["ok"] = e.code in (None, 0)
+        result["ended"] = f"sys.exit({e.code!r})"
+    except BaseException as e:  # noqa: BLE001 - every failure is the report
+        result.update(ok=False, error=f"{type(e).__name__}: {e}"[:2000], **locate(e, program),
+                      traceback="".join(traceback.format_tb(e.__traceback__))[-8000:])  # fmt: skip
+    result["seconds"] = time.perf_counter() - start
+
+
+def main(spec_path: str) -> int:
+    spec = json.loads(Path(spec_path).read_text())
+    _environment(spec)
+    if spec["mode"] != "gpu":
+        real_sleep = time.sleep
+        time.sleep = lambda seconds: real_sleep(min(seconds, 0.01))  # a check does not wait
+    from helpers import standin
+    from helpers.course.dryrun.fake import FakeRank
+
+    if spec["mode"] != "gpu":
+        standin.install(spec.get("gpu"))
+    # fake mode logs every shape error it raises; the report carries the error once
+    logging.getLogger("torch._subclasses.fake_tensor").setLevel(logging.CRITICAL)
+    program = Path(spec["program"]).resolve()
+    os.chdir(spec.get("cwd") or program.parent)
+    sys.argv = [str(program), *spec.get("argv", [])]
+    sys.path.insert(0, str(program.parent))
+    result: dict = {"rank": spec["rank"], "mode": spec["mode"], "ok": True}
+    limits = {"cpu": spec["host_limit"]} if spec.get("host_limit") else None
+    tracker = FakeRank(spec.get("max_steps", 2), limits) if spec["mode"] == "fake" else None
+    progress = _Progress(spec.get("max_steps", 2)) if tracker is None else tracker
+    _run_program(program, tracker, progress, result)
+    result.update(reached=progress.reached, steps=progress.steps,
+                  point_to_point=standin.POINT_TO_POINT[0])  # fmt: skip
+    metrics = Path(os.environ["WORKBOOK_METRICS"])
+    if metrics.is_file():  # what rank 0 wrote with helpers.runs.write_metrics
+        result["metrics"] = json.loads(metrics.read_text())
+    if tracker is not None:
+        result["peak_bytes"] = tracker.peaks()
+    elif spec["mode"] == "gpu" and torch.cuda.is_available():
+        result["peak_bytes"] = {"gpu": torch.cuda.max_memory_allocated()}
+    Path(spec["result"]).write_text(json.dumps(result, indent=1))
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

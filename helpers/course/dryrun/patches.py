@@ -1,0 +1,92 @@
+"""What a fake rank changes in torch while it runs, and why.
+
+Each patch keeps a program going where a rank alone, on tensors without values, cannot do
+what a real rank does: attention as CUDA runs it, tensors made on the host then moved,
+worker processes, object collectives, checkpoints, the shape check DDP makes across ranks.
+``patch_for_fake_run`` applies them and returns what to put back.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+
+__all__ = ["patch_for_fake_run", "ORIGINAL_SWAP"]
+
+
+def _gpu_attention(original):
+    """F.scaled_dot_product_attention, choosing CUDA's fused kernels for fake GPU tensors."""
+
+    def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kw):
+        if (
+            not (isinstance(q, FakeTensor) and q.device.type != "cpu")
+            or attn_mask is not None
+            or kw
+        ):
+            return original(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, **kw)
+        if q.dtype in (torch.float16, torch.bfloat16):
+            return torch.ops.aten._scaled_dot_product_flash_attention(
+                q, k, v, dropout_p, is_causal, scale=scale)[0]  # fmt: skip
+        return torch.ops.aten._scaled_dot_product_efficient_attention(
+            q, k, v, None, True, dropout_p, is_causal, scale=scale)[0]  # fmt: skip
+
+    return attention
+
+
+ORIGINAL_SWAP = torch.utils.swap_tensors
+
+
+def _alone_patches(tdist) -> list:
+    """A rank alone: objects "gathered" are its own, and nothing is saved or loaded.
+
+    Object collectives pickle into byte tensors that fake mode cannot fill; checkpoints of
+    fake tensors have no values to write, and a real checkpoint cannot load into them.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    def all_gather_object(out, obj, group=None):
+        out[:] = [obj] * len(out)
+
+    def gather_object(obj, object_gather_list=None, dst=None, group=None, **_):
+        if object_gather_list is not None:
+            object_gather_list[:] = [obj] * len(object_gather_list)
+
+    def scatter_object_list(out, scatter_list=None, src=None, group=None, **_):
+        out[0] = scatter_list[tdist.get_rank(group)] if scatter_list else out[0]
+
+    def skip(*args, **kwargs):
+        return None
+
+    return [(tdist, "all_gather_object", all_gather_object),
+            (tdist, "gather_object", gather_object), (tdist, "scatter_object_list", scatter_object_list),
+            (tdist, "broadcast_object_list", skip), (dcp, "save", skip), (dcp, "load", skip),
+            (torch, "save", skip), (torch, "set_rng_state", skip)]  # fmt: skip
+
+
+def patch_for_fake_run(swap_tensors) -> list:
+    """What a fake run changes in torch while it runs; returns (owner, name, old value)."""
+    import torch.distributed as tdist
+    import torch.utils.data as tud
+
+    tensor, loader_init = torch.tensor, tud.DataLoader.__init__
+
+    def tensor_on_device(data, *args, device=None, **kwargs):  # via the host: fake on the device
+        out = tensor(data, *args, **kwargs)
+        return out if device is None or torch.device(device).type == "cpu" else out.to(device)
+
+    def loader(self, *args, **kwargs):  # fake batches cannot cross to worker processes
+        kwargs.update(num_workers=0, pin_memory=False)
+        kwargs.pop("prefetch_factor", None), kwargs.pop("persistent_workers", None)
+        loader_init(self, *args, **kwargs)
+
+    patches = [(torch.utils, "swap_tensors", swap_tensors), (torch, "tensor", tensor_on_device),
+               (tud.DataLoader, "__init__", loader), *_alone_patches(tdist),
+               # DDP compares every rank's parameter shapes by reading gathered bytes, which a
+               # rank alone cannot fake; the device-strict run checks it on real ranks
+               (tdist, "_verify_params_across_processes", lambda *a, **k: None),
+               (torch.nn.functional, "scaled_dot_product_attention",
+                _gpu_attention(torch.nn.functional.scaled_dot_product_attention))]  # fmt: skip
+    old = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
+    for owner, name, value in patches:
+        setattr(owner, name, value)
+    return old

@@ -1,0 +1,228 @@
+"""What a ring attention's messages must carry (lab 7's "by hand" checks), and a tamper test.
+
+On each rank, ``watch_ring`` runs the learner's ring under ``record_traffic`` (every
+collective refused, each point-to-point message logged with its peer) and also keeps a copy
+of what every outgoing message carries. With ``tamper=fn`` it changes each outgoing message
+on its way (the neighbour receives ``fn(tensor)``), so the grader can check that the result
+moves exactly as the maths says: a ring whose result ignores its messages fails. While it
+runs, the workbook's own context-parallel code (helpers.parallel.online_softmax,
+context_layout, ring_attention, allgather_attention) is switched off, and torch's fused
+attention kernels are refused: the lab asks for both by hand.
+
+On the grader's side (plain functions of the logs, so another recorder can feed them):
+
+    message_problems(log, rank, world, k, v, positions)   [] when rank sent exactly the
+        N - 1 K/V blocks of ranks r, r-1, ..., r-N+2, in that order, only to r + 1,
+        and received only from r - 1
+    tampered_reference(q, k, v, positions, causal, rank, tamper_rank, delta)  what rank's
+        output must be when every message tamper_rank sends has delta added to it
+
+A block passes through ranks j, j+1, ..., i-1 on its way from its owner j to rank i, each
+sending it once, so rank i sees block j tampered exactly when tamper_rank is among them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from helpers.course.traffic import Traffic, record_traffic
+from helpers.parallel import allgather_attention, context_layout, online_softmax, ring_attention
+from helpers.parallel.online_softmax import attention, causal_mask
+
+__all__ = [
+    "AnswerRefused",
+    "RingLog",
+    "message_problems",
+    "no_workbook_answers",
+    "own_attention",
+    "tampered_reference",
+    "watch_ring",
+]
+
+_ANSWER_MODULES = (online_softmax, context_layout, ring_attention, allgather_attention)
+_FUSED_ATTENTION = "_scaled_dot_product"  # aten kernels behind F.scaled_dot_product_attention
+
+
+class AnswerRefused(RuntimeError):
+    """The learner's code called something that computes the exercise's answer for it."""
+
+
+@dataclass
+class RingLog:
+    """One rank's ring: its traffic (peers, sizes) and a copy of every message it sent."""
+
+    traffic: Traffic
+    sent: list[torch.Tensor] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        """Picklable: messages as (op, peer, numel) and the sent contents (CPU copies)."""
+        return {"messages": [(m.op, m.peer, m.numel) for m in self.traffic.messages],
+                "sent": [t.detach().cpu().clone() for t in self.sent]}  # fmt: skip
+
+
+class _NoFusedAttention(TorchDispatchMode):
+    """Refuses torch's fused attention kernels (they return the log-sum-exp ready-made)."""
+
+    def __init__(self, exercise: str):
+        super().__init__()
+        self.exercise = exercise
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._schema.name.split("::")[-1]
+        if func.namespace == "aten" and name.startswith(_FUSED_ATTENTION):
+            raise AnswerRefused(
+                f"{self.exercise} must compute attention itself (q k^T, softmax, times v): "
+                f"torch's fused attention ({name}) is switched off while it is tested"
+            )
+        return func(*args, **(kwargs or {}))
+
+
+class _Courier(TorchDispatchMode):
+    """Copies (and with ``tamper``, replaces) every tensor a c10d send carries."""
+
+    def __init__(self, log: RingLog, tamper: Callable | None):
+        super().__init__()
+        self.log, self.tamper = log, tamper
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._schema.name.split("::")[-1]
+        if func.namespace == "c10d" and name == "send":
+            tensors = list(args[0])
+            if self.tamper is not None:
+                tensors = [self.tamper(t) for t in tensors]
+                args = (tensors, *args[1:])
+            self.log.sent.extend(tensors)  # keeps them alive until the send completes
+        return func(*args, **(kwargs or {}))
+
+
+def _switch_off(fn, where: str, exercise: str):
+    """Replace fn's code by one that raises; return what restores it."""
+    message = (f"{exercise} must be your own code: {where} (the workbook's version, notebook 09) "
+               "is switched off while it is tested")  # fmt: skip
+    scope: dict = {}
+    exec(f"def _off(*args, **kwargs):\n    raise RuntimeError({message!r})\n", scope)
+    saved = (fn.__code__, fn.__defaults__, fn.__kwdefaults__)
+    fn.__code__ = scope["_off"].__code__
+
+    def restore():
+        fn.__code__, fn.__defaults__, fn.__kwdefaults__ = saved
+
+    return restore
+
+
+@contextlib.contextmanager
+def no_workbook_answers(exercise: str = "this exercise") -> Iterator[None]:
+    """Switch off every function and autograd method of the context-parallel modules."""
+    restores = []
+    try:
+        for module in _ANSWER_MODULES:
+            for name, obj in vars(module).items():
+                if getattr(obj, "__module__", None) != module.__name__ or name.startswith("__"):
+                    continue
+                where = f"{module.__name__}.{name}"
+                if inspect.isfunction(obj):
+                    restores.append(_switch_off(obj, where, exercise))
+                elif inspect.isclass(obj):
+                    for meth in ("forward", "backward", "__init__"):
+                        fn = inspect.getattr_static(obj, meth, None)
+                        fn = getattr(fn, "__func__", fn)
+                        if inspect.isfunction(fn):
+                            restores.append(_switch_off(fn, f"{where}.{meth}", exercise))
+        yield
+    finally:
+        for restore in reversed(restores):
+            restore()
+
+
+@contextlib.contextmanager
+def own_attention(exercise: str = "this exercise") -> Iterator[None]:
+    """The workbook's context-parallel code switched off and torch's fused attention refused."""
+    with no_workbook_answers(exercise), _NoFusedAttention(exercise):
+        yield
+
+
+@contextlib.contextmanager
+def watch_ring(
+    exercise: str = "ring_attention", tamper: Callable | None = None
+) -> Iterator[RingLog]:
+    """Record this rank's ring (see module docstring): collectives refused, messages copied
+    (and tampered with), the workbook's answers and torch's fused attention switched off."""
+    with record_traffic(exercise=exercise) as traffic, own_attention(exercise):
+        log = RingLog(traffic)
+        with _Courier(log, tamper):
+            yield log
+
+
+def _blocks(k, v, positions, rank, world) -> list[torch.Tensor]:
+    """The K/V blocks rank must send, in order: those of ranks r, r-1, ..., r-N+2."""
+    owners = [(rank - s) % world for s in range(world - 1)]
+    return [torch.cat([t.index_select(-2, positions[j]).flatten() for t in (k, v)])
+            for j in owners]  # fmt: skip
+
+
+def message_problems(log: dict, rank: int, world: int, k, v, positions) -> list[str]:
+    """Why rank's messages are not a ring attention's ([] when they are).
+
+    log: ``RingLog.summary()`` of this rank. k, v: the whole sequence's keys and values.
+    The K/V of one step may go as one message or several, in any layout (stacked,
+    concatenated, K after V): each step's values must be exactly that block's, in order.
+    """
+    right, left = (rank + 1) % world, (rank - 1) % world
+    problems = []
+    peers_out = sorted(
+        {p for op, p, _ in log["messages"] if op in ("send", "isend") and p != right}
+    )
+    peers_in = sorted({p for op, p, _ in log["messages"] if op in ("recv", "irecv") and p != left})
+    if peers_out:
+        problems.append(f"rank {rank} sent to rank(s) {peers_out}: in a ring it sends only to "
+                        f"its right-hand neighbour (rank + 1) % N = {right}")  # fmt: skip
+    if peers_in:
+        problems.append(f"rank {rank} received from rank(s) {peers_in}: in a ring it receives "
+                        f"only from its left-hand neighbour (rank - 1) % N = {left}")  # fmt: skip
+    want = _blocks(k, v, positions, rank, world)
+    stream = (
+        torch.cat([t.flatten().double() for t in log["sent"]]) if log["sent"] else torch.zeros(0)
+    )
+    total = sum(b.numel() for b in want)
+    if stream.numel() != total:
+        problems.append(
+            f"rank {rank} sent {stream.numel()} numbers; a ring on {world} ranks sends the K/V "
+            f"blocks of ranks {[(rank - s) % world for s in range(world - 1)]} "
+            f"(N - 1 = {world - 1} steps), {total} numbers in all"
+        )
+        return problems
+    start = 0
+    for step, block in enumerate(want):
+        piece = stream[start : start + block.numel()]
+        start += block.numel()
+        if not torch.equal(piece.sort().values, block.double().sort().values):
+            owner = (rank - step) % world
+            problems.append(
+                f"rank {rank}, step {step}: the message does not carry the keys and values of "
+                f"rank {owner} (at step s, rank r passes on the block of rank (r - s) % N: "
+                "its own first, then the one it just received)"
+            )
+    return problems
+
+
+def tampered_reference(q, k, v, positions, causal, rank, tamper_rank, delta) -> torch.Tensor:
+    """rank's output when every message tamper_rank sends arrives with ``delta`` added."""
+    world = len(positions)
+    k2, v2 = k.clone(), v.clone()
+    for j in range(world):  # block j reaches rank after passing j, j+1, ..., rank-1
+        if tamper_rank != rank and (tamper_rank - j) % world < (rank - j) % world:
+            k2.index_add_(
+                -2, positions[j], torch.full_like(k2.index_select(-2, positions[j]), delta)
+            )
+            v2.index_add_(
+                -2, positions[j], torch.full_like(v2.index_select(-2, positions[j]), delta)
+            )
+    q_pos = positions[rank]
+    mask = causal_mask(q_pos, torch.arange(k.shape[-2])) if causal else None
+    return attention(q.index_select(-2, q_pos), k2, v2, mask)

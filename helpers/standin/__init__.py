@@ -1,0 +1,71 @@
+"""A stand-in GPU for CPU machines: check a program's GPU code path without a GPU.
+
+Two modes, chosen by ``$WORKBOOK_DEVICE_CHECK`` and set up by ``helpers.dist.init()``:
+
+``strict``  the ranks are real processes on CPU, but ``d.device`` is ``gpu:0``, a device
+            whose tensors hold CPU data (:class:`DeviceTensor`). The process group is the
+            "standin" backend: gloo underneath, registered for the ``gpu`` device only, so a
+            collective on a host tensor fails exactly as NCCL fails
+            (``No backend type associated with device type cpu``), and an operation that
+            mixes a device tensor with a host tensor that is not a 0-d scalar fails as CUDA
+            does (``Expected all tensors to be on the same device``).
+``fake``    one process plays one rank of a large job: the "dryrun" backend answers every
+            collective locally (as if each rank had sent what this one sent), and
+            ``helpers.course.dryrun`` runs the program under fake tensors on the ``gpu``
+            device, so a 7B model is built, sharded and stepped without memory.
+
+Both rename PyTorch's PrivateUse1 backend to ``gpu`` through the Python backend hook
+(``torch.utils.backend_registration._setup_privateuseone_for_python_backend``). That hook
+gives one device index only: every rank sees ``gpu:0``, as a rank does whose job binds
+one GPU to each task. Set ``$WORKBOOK_STANDIN_GPU`` (h100, a100-40, l40s, v100-32, ...)
+to make the device claim that GPU's name, bf16 support and memory.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch.distributed as tdist
+
+from helpers.standin.autocast import register_autocast
+from helpers.standin.groups import POINT_TO_POINT, dryrun_backend_class, standin_backend_class
+from helpers.standin.module import GpuModule
+from helpers.standin.tensor import DEVICE_TYPE, DeviceTensor, device, register_kernels
+
+__all__ = ["MODE_ENV", "GPU_ENV", "DEVICE_TYPE", "DeviceTensor", "POINT_TO_POINT", "install",
+           "mode", "device"]  # fmt: skip
+
+MODE_ENV = "WORKBOOK_DEVICE_CHECK"  # "strict" or "fake"
+GPU_ENV = "WORKBOOK_STANDIN_GPU"  # which GPU the stand-in claims to be
+_installed: list[str] = []
+
+
+def mode() -> str:
+    """'strict', 'fake' or '' (a normal run)."""
+    value = os.environ.get(MODE_ENV, "")
+    if value not in ("", "strict", "fake"):
+        raise ValueError(f"{MODE_ENV}={value!r}: use 'strict', 'fake' or leave it unset")
+    return value
+
+
+def install(gpu: str | None = None) -> None:
+    """Register the ``gpu`` device and the "standin" and "dryrun" backends (once a process)."""
+    if _installed:
+        return
+    from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+
+    gpu = gpu or os.environ.get(GPU_ENV, "h100")
+    _setup_privateuseone_for_python_backend(DEVICE_TYPE, backend_module=GpuModule(gpu))
+    register_autocast()
+    if mode() != "fake":  # fake tensors carry no data: the kernels that run on it are not needed
+        register_kernels()
+    standin, dryrun = standin_backend_class(), dryrun_backend_class()
+    tdist.Backend.register_backend(
+        "standin", lambda store, rank, size, timeout: standin(store, rank, size, timeout),
+        devices=[DEVICE_TYPE],
+    )  # fmt: skip
+    tdist.Backend.register_backend(
+        "dryrun", lambda store, rank, size, timeout: dryrun(rank, size),
+        devices=["cpu", DEVICE_TYPE],
+    )  # fmt: skip
+    _installed.append(gpu)

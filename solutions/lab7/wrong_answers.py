@@ -1,0 +1,178 @@
+# Plausible wrong submissions for lab 7, used by tests/grading (format: helpers/course/grading.py).
+# Each replaces one solution cell; the cells it does not name keep the solution, so every
+# one of them must score strictly between zero and full marks.
+
+# === wrong: merges_exp_of_lse
+# %% cell: blocks
+%%program lab7_blocks
+import math
+
+import torch
+
+
+def causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    """[Lq, Lk] bool: True where the query at global position q_pos[i] may see key k_pos[j]."""
+    return q_pos[:, None] >= k_pos[None, :]
+
+
+def block_attention(q, k, v, mask=None):
+    # Right, and stable.
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        s = s.masked_fill(~mask.to(s.device), float("-inf"))
+    m = s.amax(dim=-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    p = torch.exp(s - m)
+    total = p.sum(dim=-1, keepdim=True)
+    out = (p @ v) / torch.where(total > 0, total, torch.ones_like(total))
+    return out, (m + torch.log(total)).squeeze(-1)
+
+
+def merge(out_a, lse_a, out_b, lse_b):
+    # The formula read literally: weights exp(lse) / (exp(lse_a) + exp(lse_b)). Right for
+    # moderate scores; exp(lse) overflows once scores reach the hundreds (float64: ~709),
+    # which only the hidden tests' large scores reach.
+    ea, eb = torch.exp(lse_a), torch.exp(lse_b)
+    total = ea + eb
+    safe = torch.where(total > 0, total, torch.ones_like(total))
+    return (ea / safe)[..., None] * out_a + (eb / safe)[..., None] * out_b, torch.log(total)
+
+# === wrong: contiguous_masks_only
+# %% cell: ring_attention
+%%program lab7_ring
+import torch
+import torch.distributed as tdist
+
+if __name__ != "__main__":
+    from lab7_blocks import block_attention, causal_mask, merge
+
+
+def ring_attention(d, q, k, v, positions, causal=False):
+    # Notebook 09's rule for contiguous pieces: earlier ranks' blocks need no mask, later ones
+    # are skipped, our own gets tril(). Right when every rank holds one contiguous piece;
+    # wrong for two chunks per rank or any other layout (the masks must come from positions).
+    n, r = d.world_size, d.rank
+    right, left = (r + 1) % n, (r - 1) % n
+    out = torch.zeros_like(q)
+    lse = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
+    kv = torch.stack([k, v])
+    for step in range(n):
+        src = (r - step) % n
+        if step < n - 1:
+            shape = (*kv.shape[:-2], len(positions[(src - 1) % n]), kv.shape[-1])
+            nxt = torch.empty(shape, dtype=kv.dtype, device=kv.device)
+            reqs = [tdist.isend(kv, right), tdist.irecv(nxt, left)]
+        if not causal or src < r:
+            out, lse = merge(out, lse, *block_attention(q, kv[0], kv[1]))
+        elif src == r:
+            tril = torch.ones(q.shape[-2], q.shape[-2], dtype=torch.bool, device=q.device).tril()
+            out, lse = merge(out, lse, *block_attention(q, kv[0], kv[1], tril))
+        if step < n - 1:
+            for req in reqs:
+                req.wait()
+            kv = nxt
+    return out
+
+# === wrong: sends_own_block_every_step
+# %% cell: ring_attention
+%%program lab7_ring
+import torch
+import torch.distributed as tdist
+
+if __name__ != "__main__":
+    from lab7_blocks import block_attention, causal_mask, merge
+
+
+def ring_attention(d, q, k, v, positions, causal=False):
+    # Sends its OWN K/V at every step instead of passing on the block it received: every
+    # rank sees its left neighbour's block N - 1 times and never the others'.
+    n, r = d.world_size, d.rank
+    right, left = (r + 1) % n, (r - 1) % n
+    mine = torch.stack([k, v])
+    out, lse = merge(torch.zeros_like(q), torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype),
+                     *block_attention(q, k, v, causal_mask(positions[r], positions[r]) if causal else None))
+    for step in range(1, n):
+        src = (r - step) % n
+        incoming = torch.empty(*mine.shape[:-2], len(positions[left]), mine.shape[-1], dtype=q.dtype)
+        reqs = [tdist.isend(mine, right), tdist.irecv(incoming, left)]
+        for req in reqs:
+            req.wait()
+        mask = causal_mask(positions[r], positions[left]) if causal else None
+        if mask is None or mask.any():
+            out, lse = merge(out, lse, *block_attention(q, incoming[0], incoming[1], mask))
+    return out
+
+# === wrong: decoy_messages_work_through_files
+# %% cell: ring_attention
+%%program lab7_ring
+import os
+import tempfile
+
+import torch
+import torch.distributed as tdist
+
+if __name__ != "__main__":
+    from lab7_blocks import block_attention, causal_mask, merge
+
+
+def ring_attention(d, q, k, v, positions, causal=False):
+    # A decoy: the messages have the right shapes, peers and count, but carry zeros. The real
+    # K/V go through files, and the ring's messages only tell a rank that the others' files
+    # are written. The result is right; what the messages carry, and what they change, is not.
+    n, r = d.world_size, d.rank
+    folder = os.path.join(tempfile.gettempdir(), f"lab7-decoy-{os.getppid()}")
+    os.makedirs(folder, exist_ok=True)
+    torch.save((k, v), os.path.join(folder, f"{r}.pt"))
+    blank = torch.zeros(2, *k.shape, dtype=k.dtype)
+    for step in range(n - 1):
+        src = (r - step) % n
+        incoming = torch.empty(2, *k.shape[:-2], len(positions[(src - 1) % n]), k.shape[-1], dtype=k.dtype)
+        reqs = [tdist.isend(blank, (r + 1) % n), tdist.irecv(incoming, (r - 1) % n)]
+        for req in reqs:
+            req.wait()
+        blank = torch.zeros_like(incoming)
+    out = torch.zeros_like(q)
+    lse = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype)
+    for src in range(n):
+        k_src, v_src = torch.load(os.path.join(folder, f"{src}.pt"))
+        mask = causal_mask(positions[r], positions[src]) if causal else None
+        if mask is None or mask.any():
+            out, lse = merge(out, lse, *block_attention(q, k_src, v_src, mask))
+    return out
+
+# === wrong: imports_the_workbook_ring
+# %% cell: ring_attention
+%%program lab7_ring
+import torch
+import torch.distributed as tdist
+
+if __name__ != "__main__":
+    from lab7_blocks import block_attention, causal_mask, merge
+
+
+def ring_attention(d, q, k, v, positions, causal=False):
+    # Right answer, wrong exercise: notebook 09's ring, imported from the workbook.
+    from helpers.parallel.ring_attention import ring_attention as workbook_ring
+
+    return workbook_ring(d, q, k, v, positions, causal)
+
+# === wrong: gathers_kv_instead
+# %% cell: ring_attention
+%%program lab7_ring
+import torch
+import torch.distributed as tdist
+
+if __name__ != "__main__":
+    from lab7_blocks import block_attention, causal_mask, merge
+
+
+def ring_attention(d, q, k, v, positions, causal=False):
+    # Llama 3's way, not a ring: all-gather every rank's K/V (padded), then attend once.
+    longest = max(len(p) for p in positions)
+    kv = torch.stack([k, v])
+    pad = kv.new_zeros(*kv.shape[:-2], longest - kv.shape[-2], kv.shape[-1])
+    pieces = [torch.empty(*kv.shape[:-2], longest, kv.shape[-1], dtype=kv.dtype) for _ in positions]
+    tdist.all_gather(pieces, torch.cat([kv, pad], dim=-2))
+    kv_all = torch.cat([p[..., : len(pos), :] for p, pos in zip(pieces, positions)], dim=-2)
+    mask = causal_mask(positions[d.rank], torch.cat(positions)) if causal else None
+    return block_attention(q, kv_all[0], kv_all[1], mask)[0]

@@ -1,0 +1,121 @@
+"""The dry run rejects the jobs a GPU cluster would reject, and passes the ones it would run.
+
+Each test writes a real job directory (``helpers.cluster.job.Job``, as a notebook does) and
+checks it with ``helpers.course.dryrun``: the job's program at its full size on fake tensors,
+and on 2 CPU ranks on the stand-in GPU.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from helpers.cluster.job import Job
+from helpers.course.dryrun import check_jobs, find_jobs, table
+from helpers.programs import train_llama
+
+# 07's job as it was written before max_seq_len followed --seq-len: the tiny config's rotary
+# tables stop at 64 positions, and the job trains on sequences of 1024.
+OLD_TRAIN_LLAMA = """
+import runpy
+from helpers.models import llama2
+from helpers.programs import train_llama as T
+
+def old_model_args(cfg):
+    over = {k: getattr(cfg, k) for k in ("n_layers", "dim") if getattr(cfg, k)}
+    return llama2.config(cfg.model, **over)
+
+T._model_args = old_model_args
+T.main()
+"""
+ARGS_07 = ["--tp", "2", "--dim", "1024", "--n-layers", "8", "--seq-len", "1024",
+           "--batch-size", "32", "--steps", "50"]  # fmt: skip
+
+
+@pytest.fixture
+def runs(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("WORKBOOK_RUNS", str(tmp_path / "runs"))
+    return tmp_path / "runs"
+
+
+def _rows(runs: Path, **kw):
+    rows = check_jobs(find_jobs(runs), **kw)
+    print(table(rows))
+    return rows
+
+
+def test_07s_old_arguments_fail_at_full_size_naming_the_line(runs, tmp_path):
+    program = tmp_path / "train_llama_before.py"
+    program.write_text(OLD_TRAIN_LLAMA)
+    Job("fsdp-tp-llama2", program, nodes=1, gpus_per_node=4, profile="jean-zay",
+        values={"project": "abc"}, args=ARGS_07).write()  # fmt: skip
+    rows = _rows(runs, all_gpus=False)
+    assert len(rows) == 1 and not rows[0].ok
+    assert "ValueError: sequence of 1024 tokens > max_seq_len=64" in rows[0].reached
+    assert "helpers/models/llama2.py" in rows[0].reached  # the workbook line that raised
+
+
+def test_07s_job_now_builds_on_the_meta_device_and_fits(runs):
+    """The fixed program: 2 nodes x 4 A100-40GB, TP 2 x FSDP 4, bf16 compute."""
+    Job("fsdp-tp-llama2", Path(train_llama.__file__), nodes=2, gpus_per_node=4,
+        profile="perlmutter", values={"account": "m0000_g"}, args=ARGS_07).write()  # fmt: skip
+    (row,) = _rows(runs)
+    assert row.ok, row
+    assert row.reached == "step" and row.strict == "ok"
+    assert "of 40 GiB" in row.gpu_mem and row.gpu == "A100-SXM4-40GB"
+
+
+def test_a_model_that_does_not_fit_its_gpus_is_rejected(runs):
+    """Llama 2 70B with plain FSDP (no TP) on 2 nodes x 4 A100-40GB: 1 sequence of 4,096
+    tokens per GPU. Its sharded weights and gradients alone take 64 GiB a GPU."""
+    Job("llama70b-fsdp", Path(train_llama.__file__), nodes=2, gpus_per_node=4,
+        profile="perlmutter", values={"account": "m0000_g"},
+        args=["--model", "70B", "--tp", "1", "--seq-len", "4096", "--batch-size", "8"]).write()  # fmt: skip
+    (row,) = _rows(runs, timeout=600)
+    assert not row.ok and "DOES NOT FIT" in row.gpu_mem, row
+    peak = float(row.gpu_mem.split()[0])
+    assert peak > 64  # at least the fp32 shards of weights and gradients: 69 B x 8 B / 8
+    assert row.reached == "step" and row.strict == "ok"  # it runs; it just does not fit
+
+
+# train_llama's build() before the meta device: every rank made and initialised the whole
+# model on the host, then moved it to its GPU, and only then sharded it.
+OLD_BUILD = """
+from helpers.models import llama2
+from helpers.parallel import llama_parallel
+from helpers.parallel.mesh import ParallelDims
+from helpers.programs import train_llama as T
+
+def old_build(d, cfg):
+    dims = ParallelDims(dp=-1, tp=cfg.tp, world_size=d.world_size)
+    mesh = dims.build_mesh(d.device.type, names=("dp", "tp"))
+    model = llama2.Transformer(T._model_args(cfg)).init_weights(cfg.seed).to(d.device)
+    llama_parallel.apply_tp(model, mesh["tp"], cfg.loss_parallel)
+    llama_parallel.apply_fsdp(model, mesh["dp"])
+    return dims, mesh, model
+
+T.build = old_build
+T.main()
+"""
+ARGS_7B = ["--model", "7B", "--tp", "2", "--seq-len", "1024", "--batch-size", "8", "--steps", "2"]
+
+
+def test_7b_is_built_on_the_meta_device_not_in_host_memory(runs, tmp_path):
+    """Engaging, 1 node x 4 GPUs, --mem=30GB. Building the whole model on every rank's host
+    needs 4 x 27 GB; built on the meta device, each rank holds only the largest full
+    parameter at a time while it initialises its shards."""
+    old = tmp_path / "train_llama_before.py"
+    old.write_text(OLD_BUILD)
+    site = dict(
+        nodes=1, gpus_per_node=4, profile="engaging", values={"env": "E", "gpu_type": "h200"}
+    )
+    Job("llama7b-host", old, args=ARGS_7B, **site).write()
+    Job("llama7b-meta", Path(train_llama.__file__), args=ARGS_7B, **site).write()
+    rows = {r.job: r for r in _rows(runs, all_gpus=False)}
+    before, after = rows["llama7b-host"], rows["llama7b-meta"]
+    # stopped where the host memory ran out: while initialising the whole model
+    assert not before.ok and "MemoryLimit: cpu memory of this rank reached" in before.reached
+    assert "init_weights" in before.reached and "--mem=30GB over 4 ranks" in before.reached
+    assert after.ok, after
+    assert float(after.host_mem.split()[0]) < 4 * 4  # 4 ranks: the process and one parameter

@@ -1,0 +1,106 @@
+"""The stand-in GPU: programs that would fail on GPUs with NCCL fail here, on CPU ranks.
+
+Each test runs a real program on 2 real CPU ranks (``helpers.course.dryrun.runner``) with
+``d.device`` a stand-in GPU whose process group, like NCCL, takes device tensors only.
+A correct program gives the same numbers as on plain gloo ranks.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from helpers.course.dryrun.runner import run_ranks
+
+HOST_TENSOR_IN_COLLECTIVE = """
+import torch
+import torch.distributed as tdist
+from helpers import dist
+
+d = dist.init()
+x = torch.tensor([float(d.rank)])   # notebook 00's program before the fix: left on the host
+tdist.all_reduce(x)
+print(x.item())
+dist.cleanup()
+"""
+
+HOST_BATCH_INTO_DEVICE_MODEL = """
+import torch
+from torch import nn
+from helpers import dist
+
+with dist.session() as d:
+    model = nn.Linear(8, 4).to(d.device)
+    batch = torch.randn(16, 8)   # never moved to d.device
+    loss = model(batch).sum()
+"""
+
+
+def _program(tmp_path: Path, text: str, name: str = "program.py") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def _only_failure(results):
+    bad = [r for r in results if not r["ok"]]
+    assert bad, f"expected a failure, every rank passed: {results}"
+    return bad[0]
+
+
+def test_a_host_tensor_in_a_collective_fails_as_nccl_fails(tmp_path):
+    results = run_ranks(_program(tmp_path, HOST_TENSOR_IN_COLLECTIVE), [], "strict", 2, timeout=120)
+    bad = _only_failure(results)
+    assert "No backend type associated with device type cpu" in bad["error"]
+    assert bad["program_line"] == "program.py:8: tdist.all_reduce(x)"  # the line, named
+
+
+def test_a_host_batch_fed_to_a_model_on_the_device_fails(tmp_path):
+    results = run_ranks(_program(tmp_path, HOST_BATCH_INTO_DEVICE_MODEL), [], "strict", 2,
+                        timeout=120)  # fmt: skip
+    bad = _only_failure(results)
+    assert "Expected all tensors to be on the same device" in bad["error"]
+    assert bad["program_line"] == "program.py:9: loss = model(batch).sum()"
+
+
+COLLECTIVE_HELPERS = """
+import torch
+from torch import nn
+from helpers import dist, runs
+from helpers.parallel import collectives, federated
+
+with dist.session() as d:
+    demo = collectives.demo_collectives(d)
+    trace = collectives.ring_trace(d)
+    sizes = collectives.measure(d, [4096], repeats=2)
+    pong = collectives.pingpong(d, [4096], repeats=2, warmup=1)
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2).to(d.device)
+    total = federated.weighted_average(d, model, n_samples=10 + d.rank)
+    runs.write_metrics({"all_reduce": demo["all_reduce"][1], "ring_equal": trace["equal"],
+                        "rows": len(sizes) + len(pong), "total": total})
+"""
+
+
+def test_the_collective_helpers_keep_their_tensors_on_the_device(tmp_path):
+    # collectives.measure / pingpong / demo / ring_trace and federated.weighted_average made
+    # their tensors on the host before: NCCL would refuse every one of them.
+    results = run_ranks(_program(tmp_path, COLLECTIVE_HELPERS), [], "strict", 2, timeout=180)
+    assert all(r["ok"] for r in results), [r.get("error") for r in results]
+
+
+def test_fsdp_and_tp_train_on_the_stand_in_gpu_with_the_losses_of_plain_gloo():
+    """train_llama (meta init, TP x FSDP) runs device-strict, and learns exactly as on gloo."""
+    from helpers import launch
+    from helpers.programs import train_llama as T
+
+    # fp32: the stand-in claims an H100, where --dtype auto would compute in bf16
+    args = ["--tp", "2", "--steps", "3", "--batch-size", "4", "--seq-len", "16", "--dtype", "fp32"]
+    strict = run_ranks(Path(T.__file__), args, "strict", 2, timeout=240, max_steps=10)
+    assert all(r["ok"] for r in strict), [r.get("error") for r in strict]
+    cfg = T.LlamaConfig(tp=2, steps=3, batch_size=4, seq_len=16)
+    plain = launch.spawn(T.train, world_size=2, args=(cfg,))[0]
+    assert strict[0]["metrics"]["losses"] == pytest.approx(plain["losses"], abs=1e-5)
+    assert strict[0]["metrics"]["device"] == "stand-in h100"
