@@ -103,6 +103,8 @@ class _Checker(ast.NodeVisitor):
         self.found: list[Refusal] = []
         self.scopes: list[set[str]] = []  # local names of the enclosing functions
         self.imported: set[str] = set(policy.lab_bindings)  # names bound to modules/imports
+        self.module_of: dict[str, str] = dict(policy.lab_bindings)  # name -> dotted import
+        self.refused_paths: set[tuple[int, str]] = set()  # (line, refused module) reported
         self.builtin_names = set(dir(builtins))
 
     def refuse(self, node: ast.AST, construct: str, why: str, grader: bool = True) -> None:
@@ -139,6 +141,7 @@ class _Checker(ast.NodeVisitor):
             if self._check_module(node, alias.name, shown):
                 bound = alias.asname or alias.name.split(".")[0]
                 binding = alias.name if alias.asname else alias.name.split(".")[0]
+                self.module_of[bound] = binding
                 self._bind(node, bound, import_of=binding)
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
@@ -156,6 +159,7 @@ class _Checker(ast.NodeVisitor):
             if not self._check_module(node, f"{module}.{alias.name}", shown):
                 continue
             self._name_allowed(node, alias.name, shown)
+            self.module_of[alias.asname or alias.name] = f"{module}.{alias.name}"
             self._bind(node, alias.asname or alias.name, import_of=f"{module}.{alias.name}")
 
     # ---------------------------------------------------------------- names and bindings
@@ -208,8 +212,24 @@ class _Checker(ast.NodeVisitor):
             node = node.value
         return node if isinstance(node, ast.Name) else None
 
+    def _refused_path(self, node: ast.Attribute) -> None:
+        """``torch.distributed.optim.ZeroRedundancyOptimizer`` reaches a refused module
+        without importing it (``import torch`` loaded it): refused as its import would be."""
+        parts, base = [], node
+        while isinstance(base, ast.Attribute):
+            parts.append(base.attr)
+            base = base.value
+        if not isinstance(base, ast.Name) or base.id not in self.module_of:
+            return
+        dotted = ".".join([self.module_of[base.id], *reversed(parts)])
+        lab = _prefix_match(dotted, self.policy.lab_imports)
+        if lab is not None and (node.lineno, lab) not in self.refused_paths:
+            self.refused_paths.add((node.lineno, lab))
+            self.refuse(node, _shown(node), self.policy.lab_imports[lab], grader=False)
+
     def visit_Attribute(self, node: ast.Attribute) -> None:
         attr = node.attr
+        self._refused_path(node)
         root = self._root(node)
         on_module = root is not None and root.id in self.imported and not self._local(root.id)
         if attr in GRADER_ATTRIBUTES:

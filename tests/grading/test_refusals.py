@@ -68,6 +68,8 @@ BYPASSES = {
     "file": ("open('answer.py', 'w').write('x = 1')", "open", True),
     "lab import": ("from helpers.parallel.tp import ColumnParallelLinear", "from helpers.parallel.tp import ColumnParallelLinear", False),
     "lab import as": ("import helpers.parallel.tp as tp", "import helpers.parallel.tp as tp", False),
+    "lab module by attribute": ("import helpers\nlayer = helpers.parallel.tp.ColumnParallelLinear", "helpers.parallel.tp.ColumnParallelLinear", False),
+    "lab module through its package": ("def f():\n    from helpers import parallel\n    return parallel.tp.RowParallelLinear", "parallel.tp.RowParallelLinear", False),
 }  # fmt: skip
 
 HONEST = {
