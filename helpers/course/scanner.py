@@ -38,7 +38,9 @@ def split_magic(source: str) -> tuple[str | None, str]:
     m = re.match(r"^\s*%%(\w+)", first)
     if not m:
         return None, source
-    return m.group(1), "pass  # the magic line\n" + rest  # a statement: IPython drops empty first lines
+    return m.group(
+        1
+    ), "pass  # the magic line\n" + rest  # a statement: IPython drops empty first lines
 
 
 def scan(source: str, policy: Policy | None = None) -> list[Refusal]:
