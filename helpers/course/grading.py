@@ -32,9 +32,9 @@ import nbformat
 
 from helpers.course.course_dir import (
     generate,
+    generate_all,
     make_course,
     nbgrader,
-    normalize,
     notebooks,
     venv_on_path,
 )
@@ -170,10 +170,8 @@ def roundtrip_labs(
     for folder in (course / "solutions").iterdir():
         if folder.is_dir() and folder.name not in lab_list:
             shutil.rmtree(folder)
-    nbgrader(["generate_assignment", "*", "--force"], cwd=course)
+    generate_all(course)
     for lab in lab_list:
-        for nb in notebooks(course / "labs" / lab):
-            normalize(nb)
         submit_fake_students(course, lab)
     nbgrader(["autograde", "*", "--force"], cwd=course)
     return {lab: scores_of(course, lab) for lab in lab_list}
