@@ -28,6 +28,7 @@ sending it once, so rank i sees block j tampered exactly when tamper_rank is amo
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -104,14 +105,21 @@ class _Courier(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+@functools.cache
+def _off_code(message: str):
+    """The code of a function that raises RuntimeError(message) (compiled once per message:
+    the hidden tests switch the answers off around every call)."""
+    scope: dict = {}
+    exec(f"def _off(*args, **kwargs):\n    raise RuntimeError({message!r})\n", scope)
+    return scope["_off"].__code__
+
+
 def _switch_off(fn, where: str, exercise: str):
     """Replace fn's code by one that raises; return what restores it."""
     message = (f"{exercise} must be your own code: {where} (the workbook's version, notebook 09) "
                "is switched off while it is tested")  # fmt: skip
-    scope: dict = {}
-    exec(f"def _off(*args, **kwargs):\n    raise RuntimeError({message!r})\n", scope)
     saved = (fn.__code__, fn.__defaults__, fn.__kwdefaults__)
-    fn.__code__ = scope["_off"].__code__
+    fn.__code__ = _off_code(message)
 
     def restore():
         fn.__code__, fn.__defaults__, fn.__kwdefaults__ = saved
