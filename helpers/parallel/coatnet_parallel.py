@@ -27,7 +27,7 @@ from helpers.models.coatnet import CoAtNet, TransformerBlock
 from helpers.parallel.pipeline import TORCH_SCHEDULES, timed
 
 __all__ = ["PoolHead", "flat", "split", "serial_step", "run_pipeline", "apply_tp", "blocks",
-           "workload", "tp_traffic"]
+           "workload", "tp_traffic"]  # fmt: skip
 
 
 class PoolHead(nn.Module):
@@ -208,15 +208,15 @@ def workload(cfg, name: str = "CoAtNet", state_bytes=(4, 4, 8)):
 
     from helpers.parallel import planner
 
-    out = []
-    for r in blocks(cfg):
+    rows, out = blocks(cfg), []
+    for r in rows:
         t = r["kind"] == "T"
         out.append(planner.Block(params=r["params"], flops=3 * r["flops"], act_bytes=r["act_bytes"],
                                  out_bytes=r["out_bytes"], tp_bytes=r["tp_bytes"] if t else 0.0,
                                  tp_messages=r["tp_messages"] if t else 0,
                                  act_replicated=4 * r["out_bytes"] if t else 0.0, tp=t))  # fmt: skip
     heads = [w // cfg.head_dim for w, k in zip(cfg.dims[1:], cfg.kinds, strict=True) if k == "T"]
-    tokens = max(r["side"] ** 2 for r in blocks(cfg) if r["kind"] == "T")
+    tokens = max(r["side"] ** 2 for r in rows if r["kind"] == "T")
     return planner.Workload(name, tuple(out), seq_len=tokens, heads=math.gcd(*heads),
                             state_bytes=tuple(state_bytes))  # fmt: skip
 

@@ -31,6 +31,7 @@ and PP's two sends (the activation forward, its gradient back). Then
 
 from __future__ import annotations
 
+import functools
 import math
 
 __all__ = ["stages", "balanced_cuts", "memory", "step_time", "allreduce", "gather"]
@@ -40,6 +41,11 @@ BUCKET_BYTES = 25 * 2**20  # DDP's default bucket: one all-reduce per bucket
 
 def balanced_cuts(flops: list[float], parts: int) -> tuple[int, ...]:
     """Start indices of parts 1.. of the contiguous split that minimises the largest sum."""
+    return _balanced_cuts(tuple(flops), parts)
+
+
+@functools.lru_cache(maxsize=256)
+def _balanced_cuts(flops: tuple[float, ...], parts: int) -> tuple[int, ...]:
     n = len(flops)
     prefix = [0.0]
     for f in flops:

@@ -102,7 +102,7 @@ def plot_layouts(layouts, cluster, top: int = 8, title: str = "", tie: float = 0
                      label=f"tie: within {tie:.0%} of the fastest")  # fmt: skip
         for y, lay in enumerate(layouts):
             over = 1 - lay.time["compute"] / lay.step_time
-            ax_t.text(lay.step_time, y, f" {lay.step_time:.1f} s ({over:.0%} overhead)",
+            ax_t.text(lay.step_time, y, f" {lay.step_time:.3g} s ({over:.0%} overhead)",
                       va="center", fontsize=8)  # fmt: skip
         ax_t.set_xlim(0, 1.3 * max(lay.step_time for lay in layouts))
     ax_t.invert_yaxis()

@@ -171,3 +171,16 @@ def test_balanced_cuts():
     assert balanced_cuts([1, 1, 1, 9], 2) == (3,)
     cuts = balanced_cuts([5, 1, 1, 1, 1, 1], 3)  # the big block alone; the others fill 2 stages
     assert cuts[0] == 1 and len(cuts) == 2
+
+
+def test_coatnet_workload_counts_every_block_and_splits_only_attention():
+    from helpers.models import coatnet
+    from helpers.parallel import coatnet_parallel as cp
+
+    cfg = coatnet.CONFIGS["tiny"]
+    w = cp.workload(cfg)
+    assert w.layers == 1 + sum(cfg.depths[1:]) + 1  # stem, every block, head
+    assert sum(b.params for b in w.blocks) == coatnet.param_count(cfg)
+    transformer = sum(d for d, k in zip(cfg.depths[1:], cfg.kinds, strict=True) if k == "T")
+    assert sum(b.tp for b in w.blocks) == transformer and all(b.tp_bytes for b in w.blocks if b.tp)
+    assert coatnet.CONFIGS["CoAtNet-7"].stage_names() == ["S1", "S2", "S3-MBConv", "S3-TFM", "S4"]
