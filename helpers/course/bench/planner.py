@@ -171,7 +171,9 @@ def main(argv: list[str] | None = None) -> None:
               f"{r['measured_mb']:>8.1f}")  # fmt: skip
     decisive = [p for p in out["pairs"] if p.decisive]
     bad = [p for p in out["pairs"] if p.violation]
+    tied = [p for p in decisive if p.predicted_tie]
     print(
-        f"{len(decisive)} of {len(out['pairs'])} pairs ordered alike in every round; "
-        f"{len(bad)} predicted the other way round: " + ", ".join(f"{p.a} / {p.b}" for p in bad)
+        f"{len(decisive)} of {len(out['pairs'])} pairs ordered alike in every round; the planner "
+        f"orders {len(decisive) - len(tied) - len(bad)} of them right, calls {len(tied)} ties and "
+        f"predicts {len(bad)} the other way round: " + ", ".join(f"{p.a} / {p.b}" for p in bad)
     )
