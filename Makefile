@@ -61,6 +61,7 @@ bench: setup
 	$(PY) -m helpers.course.bench tp
 	$(PY) -m helpers.course.bench pipeline
 	$(PY) -m helpers.course.bench mfu
+	$(PY) -m helpers.course.bench planner
 
 # Every job the notebooks and labs write, checked as a GPU cluster would run it: its program
 # at full size on fake tensors (memory against the GPU), and on 2 CPU ranks posing as GPUs

@@ -54,6 +54,19 @@ class CoAtNetConfig:
                 f"{2 ** (1 + sum(self.downsample))} (stem + downsampling stages)"
             )
 
+    def stage_names(self) -> list[str]:
+        """The paper's names: S1..S4, with a stage that shares its resolution with the next one
+        (CoAtNet-6 and -7's S3) split into "S3-MBConv" and "S3-TFM" (Table 12)."""
+        names, k = [], 0
+        for i, kind in enumerate(self.kinds):
+            shared = (i + 1 < len(self.kinds) and not self.downsample[i + 1]) or (
+                i > 0 and not self.downsample[i]
+            )
+            if not (i > 0 and not self.downsample[i]):
+                k += 1
+            names.append(f"S{k}-{'MBConv' if kind == 'C' else 'TFM'}" if shared else f"S{k}")
+        return names
+
     def resolutions(self) -> list[int]:
         """Feature-map side after the stem and after each stage."""
         side = [self.image_size // 2]

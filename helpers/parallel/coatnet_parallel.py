@@ -26,7 +26,8 @@ from helpers.dist import Dist
 from helpers.models.coatnet import CoAtNet, TransformerBlock
 from helpers.parallel.pipeline import TORCH_SCHEDULES, timed
 
-__all__ = ["PoolHead", "flat", "split", "serial_step", "run_pipeline", "apply_tp", "tp_traffic"]
+__all__ = ["PoolHead", "flat", "split", "serial_step", "run_pipeline", "apply_tp", "blocks",
+           "workload", "tp_traffic"]  # fmt: skip
 
 
 class PoolHead(nn.Module):
@@ -134,28 +135,108 @@ def apply_tp(model: CoAtNet, tp_mesh) -> CoAtNet:
     return model
 
 
-def tp_traffic(cfg, batch: int = 1) -> list[dict]:
-    """Per stage: forward FLOPs and the bytes Megatron-style TP would all-reduce (fp32).
+def _blocks_on_meta(cfg):
+    """(name, block, kind) for the stem, every block in order, and the head, on the meta device."""
+    with torch.device("meta"):
+        model = CoAtNet(cfg)
+    out = [("stem", model.stem, "C")]
+    for name, kind, stage in zip(cfg.stage_names(), cfg.kinds, model.stages, strict=True):
+        out += [(f"{name}.{j}", b, kind) for j, b in enumerate(stage)]
+    return out + [("head", PoolHead(model.head), "H")]
 
-    TP pairs one column- and one row-wise layer and all-reduces the pair's output: two
-    all-reduces per block (attention + MLP for a transformer block; expand 1x1 + project
-    1x1 for an MBConv), each of the block's output activation, (B, C, H, W) values.
+
+def _saved_bytes(block: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(output, bytes autograd saves for backward, parameters excluded), on the meta device."""
+    params = {id(p) for p in block.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        base = t._base if t._base is not None else t
+        if id(t) not in params and id(base) not in params:  # weights (or views) are not activations
+            saved[id(t)] = t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = block(x.requires_grad_())
+    return out.detach(), sum(saved.values())
+
+
+def blocks(cfg, batch: int = 1) -> list[dict]:
+    """Per block of CoAtNet (stem, MBConv and transformer blocks, head), for one image:
+    parameters, forward FLOPs, bytes saved for backward, output bytes and TP traffic.
+
+    TP traffic per forward, Megatron's pairing: a transformer block all-reduces its attention
+    output and its MLP output (2 x its output); an MBConv block split the same way (expand
+    1 x 1 column-wise, project 1 x 1 row-wise; depthwise 3 x 3 and BatchNorm per channel)
+    all-reduces its output once, plus squeeze-excite's small vector (its first 1 x 1 reads
+    every channel). Counted on the meta device: exact shapes, no memory.
     """
     from torch.utils.flop_counter import FlopCounterMode
 
+    from helpers.models.coatnet import MBConv
+
     with torch.device("meta"):
-        model = CoAtNet(cfg)
         x = torch.empty(batch, 3, cfg.image_size, cfg.image_size)
     rows = []
-    x = model.stem(x)
-    for i, stage in enumerate(model.stages):
+    for name, block, kind in _blocks_on_meta(cfg):
         with FlopCounterMode(display=False) as counter:
-            out = stage(x)
-        act = out[0].numel() * batch
-        rows.append({"stage": f"S{i + 1}", "kind": cfg.kinds[i], "flops": counter.get_total_flops(),
-                     "allreduce_bytes": 2 * len(stage) * 4 * act, "width": cfg.dims[i + 1],
-                     "side": out.shape[-1]})  # fmt: skip
+            out, act = _saved_bytes(block, x)
+        value = out.numel() * out.element_size()
+        tp_bytes, messages = 0, 0
+        if isinstance(block, TransformerBlock):
+            tp_bytes, messages = 2 * value, 2
+        elif isinstance(block, MBConv):
+            se = block.body[7].fc1.out_channels * batch * out.element_size()
+            tp_bytes, messages = value + se, 2
+        rows.append({"name": name, "kind": kind, "params": sum(p.numel() for p in block.parameters()),
+                     "flops": counter.get_total_flops(), "act_bytes": act, "out_bytes": value,
+                     "tp_bytes": tp_bytes, "tp_messages": messages,
+                     "width": out.shape[1], "side": out.shape[-1] if out.dim() == 4 else 1})  # fmt: skip
         x = out
-    for r in rows:
-        r["bytes_per_flop"] = r["allreduce_bytes"] / r["flops"]
     return rows
+
+
+def workload(cfg, name: str = "CoAtNet", state_bytes=(4, 4, 8)):
+    """CoAtNet as the planner sees it (helpers.parallel.planner), per image, FP32 with Adam.
+
+    TP splits the transformer blocks only (as ``apply_tp`` does); the stem, MBConv blocks and
+    head stay whole on every TP rank, their FLOPs and activations undivided. Of a transformer
+    block's activations, TP without sequence parallelism leaves the two LayerNorms' inputs and
+    outputs whole (4 x its output).
+    """
+    import math
+
+    from helpers.parallel import planner
+
+    rows, out = blocks(cfg), []
+    for r in rows:
+        t = r["kind"] == "T"
+        out.append(planner.Block(params=r["params"], flops=3 * r["flops"], act_bytes=r["act_bytes"],
+                                 out_bytes=r["out_bytes"], tp_bytes=r["tp_bytes"] if t else 0.0,
+                                 tp_messages=r["tp_messages"] if t else 0,
+                                 act_replicated=4 * r["out_bytes"] if t else 0.0, tp=t))  # fmt: skip
+    heads = [w // cfg.head_dim for w, k in zip(cfg.dims[1:], cfg.kinds, strict=True) if k == "T"]
+    tokens = max(r["side"] ** 2 for r in rows if r["kind"] == "T")
+    return planner.Workload(name, tuple(out), seq_len=tokens, heads=math.gcd(*heads),
+                            state_bytes=tuple(state_bytes))  # fmt: skip
+
+
+def tp_traffic(cfg, batch: int = 1) -> list[dict]:
+    """Per stage: forward FLOPs and the bytes Megatron-style TP would all-reduce (fp32).
+
+    A transformer block all-reduces twice (attention and MLP outputs); an MBConv block once
+    (the project 1 x 1's output) plus squeeze-excite's small vector (``blocks``).
+    """
+    rows = {}
+    for r in blocks(cfg, batch):
+        if r["name"] in ("stem", "head"):
+            continue
+        stage = r["name"].split(".")[0]
+        row = rows.setdefault(stage, {"stage": stage, "kind": r["kind"], "flops": 0,
+                                      "allreduce_bytes": 0, "width": r["width"],
+                                      "side": r["side"]})  # fmt: skip
+        row["flops"] += r["flops"]
+        row["allreduce_bytes"] += r["tp_bytes"]
+    for r in rows.values():
+        r["bytes_per_flop"] = r["allreduce_bytes"] / r["flops"]
+    return list(rows.values())

@@ -1,36 +1,56 @@
 """A 3D-parallelism planner: which (pp, dp, tp) layouts fit, and which is fastest (estimated).
 
-    plan(workload, cluster, global_batch) -> fitting layouts, fastest first
-    evaluate(workload, cluster, global_batch, dp=, tp=, pp=) -> one Layout, with .reason if not
+    plan(workload, cluster, global_batch)            fitting layouts, fastest first, each with
+                                                     the micro-batch size and recomputation it
+                                                     searched for; ties(...) = the ones within 5 %
+    evaluate(workload, cluster, global_batch, dp=, tp=, pp=, micro_batch=, recompute=, zero=,
+             schedule=)                              one layout, costed; .reason if it cannot run
 
-Memory per GPU (bytes), mixed precision with Adam (the ZeRO paper's 2 + 2 + 12 per parameter):
+A workload is a sequence of blocks (``Block``: parameters, FLOPs, saved activations, output
+and TP traffic per sample), so a transformer (identical layers) and CoAtNet (cheap wide
+convolutions, then expensive attention) are costed by the same rules (``plancost``):
 
-    states      = params / (tp * pp) * (2 weights + 2 grads + 12 optimizer), the optimizer part
-                  (zero>=1), the gradients (zero>=2) and the weights (zero=3, FSDP) divided by dp
-    activations = min(m, pp) micro-batches in flight (1F1B) x layers / pp x per-layer bytes,
-                  per layer mb * s * h * 34 / tp (Korthikanti et al. 2022, sequence parallel,
-                  flash attention; "full" recompute keeps only the layer input, 2 mb s h / tp)
+    memory per GPU = the largest stage's states (weights, gradients, optimizer: divided by tp
+                     for the blocks TP splits, by dp as far as the ZeRO stage shards them)
+                     + micro-batches in flight x their activations (GPipe m, 1F1B pp - stage)
+    step time      = (m + pp - 1) x the slowest stage's time per micro-batch
+                     (compute, TP's all-reduces, PP's sends)  + what DP's traffic leaves exposed
 
-Step time (seconds), nothing overlapped (a pessimistic, readable model):
-
-    compute = 6 N tokens (+ attention) / (gpus x peak x efficiency) x (m + pp - 1) / m   [bubble]
-    tp      = m x layers/pp x 4 all-reduces of mb*s*h*2 bytes on the tp ring, intra-node links
-    pp      = m x 2 sends of mb*s*h*2 bytes (activations forward, their gradients back)
-    dp      = one all-reduce of the stage's bf16 gradients over dp, inter-node when dp spans nodes
-
-This is a teaching estimate, it has its own formula for now (TODO: use helpers.parallel.memory
-once it lands); helpers.parallel.simulate checks its shard shapes on a fake cluster.
+One fit criterion: memory <= the GPU's memory minus a reserve for the CUDA context and NCCL
+(helpers.gpus.RESERVE_GIB). A cluster can also be this laptop: ``Cluster.cores`` says that
+its ranks share fewer cores than there are ranks (a rank that waits lends its core), and its
+rates are measured (helpers.course.bench.planner).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from helpers.gpus import RESERVE_GIB
+from helpers.parallel import plancost
 from helpers.parallel.mesh import ParallelDims, divisors
 
-__all__ = ["Workload", "Cluster", "Layout", "CLUSTERS", "evaluate", "candidates", "plan"]
+__all__ = ["Block", "Workload", "Cluster", "Layout", "CLUSTERS", "RECOMPUTE", "SCHEDULES",
+           "evaluate", "candidates", "plan", "ties", "TIE"]  # fmt: skip
 
 GB = 1e9
+RECOMPUTE = ("none", "full")  # "selective" (Korthikanti et al.) = "none" with flash attention
+SCHEDULES = ("1f1b", "gpipe")
+TIE = 0.05  # step times closer than this are a tie: finer than the model can tell
+
+
+@dataclass(frozen=True)
+class Block:
+    """One layer as the planner sees it, per sample (one sequence or one image)."""
+
+    params: float
+    flops: float  # training FLOPs: forward + backward (3 x forward), no recomputation
+    act_bytes: float  # what autograd saves for backward
+    out_bytes: float  # its output: what a pipeline sends, what full recomputation keeps
+    tp_bytes: float = 0.0  # all-reduced per forward under TP (summed over its collectives)
+    tp_messages: int = 0  # collectives per forward under TP
+    act_replicated: float = 0.0  # of act_bytes, what TP leaves whole on every TP rank
+    tp: bool = True  # TP splits its weights and matmuls (False: replicated over the tp ranks)
 
 
 @dataclass(frozen=True)
@@ -38,34 +58,52 @@ class Workload:
     """What the planner needs to know about a model and its inputs (one sample = one sequence)."""
 
     name: str
-    params: int
-    layers: int
-    hidden: int
-    heads: int
+    blocks: tuple[Block, ...]
     seq_len: int  # tokens per sample (for an image model: tokens of its transformer stages)
-    flops_per_sample: float  # training FLOPs (forward + backward)
-    act_bytes_per_layer: float | None = None  # per sample, unsharded; None = transformer formula
+    heads: int  # TP must divide them (the kv heads)
+    state_bytes: tuple[float, float, float] = (2, 2, 12)  # weights, grads, optimizer per param
+
+    @property
+    def params(self) -> float:
+        return sum(b.params for b in self.blocks)
+
+    @property
+    def layers(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def flops_per_sample(self) -> float:
+        return sum(b.flops for b in self.blocks)
 
     @classmethod
-    def llama(cls, args, seq_len: int = 4096, name: str = "Llama 2") -> Workload:
+    def llama(cls, args, seq_len: int = 4096, name: str = "Llama 2", act_bytes=None,
+              act_replicated: float = 0.0, bytes_per_value: int = 2, state_bytes=(2, 2, 12),
+              embeddings: bool = True) -> Workload:  # fmt: skip
+        """Llama 2 in mixed precision with Adam, layers of equal cost.
+
+        FLOPs: 6 per parameter per token, plus the attention scores as a causal kernel computes
+        them, 6 L d S (half of PaLM's 12 L d S: the masked half is skipped). Activations: 34 s h
+        bytes per layer with sequence parallelism and flash attention (Korthikanti et al. 2022,
+        2-byte values), all split by TP; or ``act_bytes`` counted, of which TP leaves
+        ``act_replicated`` whole (without sequence parallelism: the norms). The embedding and output weights are spread evenly over
+        the layers (``embeddings=False``: a stack of blocks only, as the CPU validation runs).
+        """
+        from dataclasses import replace
+
         from helpers.models import llama2
 
-        return cls(
-            name=name,
-            params=llama2.param_count(args),
-            layers=args.n_layers,
-            hidden=args.dim,
-            heads=args.kv_heads,  # TP must split the kv heads too
-            seq_len=seq_len,
-            flops_per_sample=llama2.flops_per_token(args, seq_len) * seq_len,
-        )
-
-    def activation_bytes(self, micro_batch: int, tp: int, recompute: str) -> float:
-        """Bytes one layer keeps for backward, per micro-batch, on one TP rank."""
-        if recompute == "full":
-            return 2 * micro_batch * self.seq_len * self.hidden / tp
-        per_sample = self.act_bytes_per_layer or 34 * self.seq_len * self.hidden
-        return micro_batch * per_sample / tp
+        outer = llama2.param_count(replace(args, n_layers=1)) - llama2.param_count(
+            replace(args, n_layers=0)
+        )  # one block's parameters
+        shared = llama2.param_count(args) - args.n_layers * outer if embeddings else 0
+        matmul = outer + (args.vocab_size * args.dim if embeddings else 0) / args.n_layers
+        flops = 6 * matmul * seq_len + 6 * args.dim * seq_len * seq_len
+        value = seq_len * args.dim * bytes_per_value  # one (S, dim) activation
+        act = 34 * seq_len * args.dim * bytes_per_value / 2 if act_bytes is None else act_bytes
+        block = Block(params=outer + shared / args.n_layers, flops=flops, act_bytes=act,
+                      out_bytes=value, tp_bytes=2 * value, tp_messages=2,
+                      act_replicated=act_replicated)  # fmt: skip
+        return cls(name, (block,) * args.n_layers, seq_len, args.kv_heads, tuple(state_bytes))
 
 
 @dataclass(frozen=True)
@@ -74,19 +112,40 @@ class Cluster:
     gpus_per_node: int
     gpu_memory_gb: float = 80
     peak_tflops: float = 312  # per GPU, dense bf16 (A100)
-    intra_gbs: float = 300  # GB/s per GPU inside a node (NVLink)
-    inter_gbs: float = 25  # GB/s per GPU between nodes (200 Gb/s InfiniBand)
+    intra_gbs: float = 300  # GB/s per GPU inside a node (NVLink 3: 600 GB/s both ways)
+    inter_gbs: float = 25  # GB/s per GPU between nodes (200 Gb/s InfiniBand HDR per GPU)
     efficiency: float = 0.5  # fraction of peak a large matmul-bound step reaches
+    latency_s: float = 0.0  # per message step of a collective (alpha); ~us on GPUs: left out
+    overlap: bool = True  # DP / FSDP traffic runs during compute (NCCL has its own stream)
+    memory_gbs: float = 1555  # GB/s of GPU memory (A100-40GB SXM; the optimizer step reads it)
+    cores: int | None = None  # ranks of a node share this many cores (CPU ranks); None: 1 each
+    layer_overhead_s: float = 0.0  # fixed cost of one block's forward + backward (launches)
+    ddp_overhead_s: float = 0.0  # DDP's bookkeeping per micro-batch (CPU ranks)
+    fsdp_overhead_s: float = 0.0  # FSDP's bookkeeping per block and micro-batch (CPU ranks)
+    reserve_gb: float = RESERVE_GIB * 2**30 / GB  # CUDA context, NCCL buffers, allocator slack
+    name: str = ""
 
     @property
     def world_size(self) -> int:
         return self.nodes * self.gpus_per_node
 
+    @property
+    def usable_gb(self) -> float:
+        return self.gpu_memory_gb - self.reserve_gb
+
 
 CLUSTERS = {
-    "2x8 A100-40GB": Cluster(nodes=2, gpus_per_node=8, gpu_memory_gb=40),
-    "2x8 A100-80GB": Cluster(nodes=2, gpus_per_node=8),
-    "128x8 H100": Cluster(nodes=128, gpus_per_node=8, peak_tflops=989, intra_gbs=450, inter_gbs=50),
+    "2x8 A100-40GB": Cluster(nodes=2, gpus_per_node=8, gpu_memory_gb=40, name="2 x 8 A100-40GB"),
+    "2x8 A100-80GB": Cluster(nodes=2, gpus_per_node=8, memory_gbs=2039, name="2 x 8 A100-80GB"),
+    "128x8 H100": Cluster(
+        nodes=128,
+        gpus_per_node=8,
+        peak_tflops=989,
+        intra_gbs=450,
+        inter_gbs=50,
+        memory_gbs=3350,
+        name="128 x 8 H100",
+    ),  # fmt: skip
 }
 
 
@@ -96,8 +155,13 @@ class Layout:
     dp: int
     tp: int
     pp: int
-    micro_batches: int = 0
-    memory: dict = field(default_factory=dict)  # bytes per GPU by kind
+    micro_batches: int = 0  # per replica and step (m)
+    micro_batch: int = 1  # samples per micro-batch
+    recompute: str = "none"
+    zero: int = 0
+    schedule: str = "1f1b"
+    memory: dict = field(default_factory=dict)  # bytes per GPU by kind (the fullest stage)
+    stage_gb: list = field(default_factory=list)  # GB per GPU of each stage
     time: dict = field(default_factory=dict)  # seconds per step by kind
     reason: str | None = None  # why it does not work; None when it does
 
@@ -113,96 +177,97 @@ class Layout:
     def step_time(self) -> float:
         return sum(self.time.values())
 
+    def shares(self) -> dict[str, float]:
+        """Each part of the step time as a fraction of the whole."""
+        return {k: v / self.step_time for k, v in self.time.items()} if self.time else {}
+
+    @property
+    def name(self) -> str:
+        return f"pp={self.pp} dp={self.dp} tp={self.tp}"
+
     def __str__(self) -> str:
-        head = f"pp={self.pp} dp={self.dp} tp={self.tp}"
         if not self.fits:
-            return f"{head}: no - {self.reason}"
-        return f"{head} m={self.micro_batches}: {self.memory_gb:.1f} GB, {self.step_time:.2f} s"
+            return f"{self.name}: no - {self.reason}"
+        over = ", ".join(f"{k} {100 * v:.1f} %" for k, v in self.shares().items()
+                         if k != "compute" and v >= 0.0005)  # fmt: skip
+        return (f"{self.name} m={self.micro_batches} x {self.micro_batch} {self.recompute}: "
+                f"{self.memory_gb:.1f} GB, {self.step_time:.2f} s ({over or 'all compute'})")  # fmt: skip
 
 
-def _ring(nbytes: float, n: int, gbs: float) -> float:
-    """All-reduce time on a ring of n ranks: 2 (n-1)/n x bytes / bandwidth (helpers.costmodel)."""
-    return 0.0 if n == 1 else 2 * (n - 1) / n * nbytes / (gbs * GB)
-
-
-def _memory(w: Workload, c: Cluster, lay: Layout, mb: int, zero: int, recompute: str) -> dict:
-    local = w.params / (lay.tp * lay.pp)
-    shard = [lay.dp if zero >= k else 1 for k in (3, 2, 1)]  # weights, grads, optimizer
-    in_flight = min(lay.micro_batches, lay.pp)
-    layers = w.layers / lay.pp
-    return {
-        "weights": 2 * local / shard[0],
-        "gradients": 2 * local / shard[1],
-        "optimizer": 12 * local / shard[2],
-        "activations": in_flight * layers * w.activation_bytes(mb, lay.tp, recompute),
-    }
-
-
-def _time(w: Workload, c: Cluster, lay: Layout, mb: int, global_batch: int, recompute: str):
-    m, dims = lay.micro_batches, lay.dims
-    flops = w.flops_per_sample * global_batch * (4 / 3 if recompute == "full" else 1)
-    ideal = flops / (c.world_size * c.peak_tflops * 1e12 * c.efficiency)  # full: forward twice
-    act = mb * w.seq_len * w.hidden * 2  # one micro-batch's activations in bf16
-    pp_gbs = c.inter_gbs if dims.crosses_nodes("pp") else c.intra_gbs
-    dp_gbs = c.inter_gbs if dims.crosses_nodes("dp") else c.intra_gbs
-    return {
-        "compute": ideal,
-        "bubble": ideal * (lay.pp - 1) / m,
-        "tp": m * w.layers / lay.pp * 4 * _ring(act, lay.tp, c.intra_gbs),
-        "pp": 0.0 if lay.pp == 1 else m * 2 * act / (pp_gbs * GB),
-        "dp": _ring(2 * w.params / (lay.tp * lay.pp), lay.dp, dp_gbs),
-    }
-
-
-def evaluate(
-    w: Workload,
-    c: Cluster,
-    global_batch: int,
-    dp: int,
-    tp: int,
-    pp: int,
-    micro_batch: int = 1,
-    zero: int = 0,
-    recompute: str = "selective",
-) -> Layout:
-    """One layout, costed; ``reason`` says why it cannot run (and what would)."""
-    lay = Layout(None, dp, tp, pp)
+def _check(w: Workload, c: Cluster, global_batch: int, lay: Layout) -> str | None:
     try:
-        lay.dims = ParallelDims(
-            dp=dp, tp=tp, pp=pp, world_size=c.world_size, gpus_per_node=c.gpus_per_node
-        )
+        lay.dims = ParallelDims(dp=lay.dp, tp=lay.tp, pp=lay.pp, world_size=c.world_size,
+                                gpus_per_node=c.gpus_per_node)  # fmt: skip
     except ValueError as e:
-        lay.reason = str(e)
-        return lay
-    if w.heads % tp:
-        lay.reason = f"tp={tp} does not divide the {w.heads} (kv) heads; tp in {divisors(w.heads)}"
-    elif w.layers % pp:
-        lay.reason = f"pp={pp} does not divide {w.layers} layers; pp in {divisors(w.layers)}"
-    elif global_batch % (dp * micro_batch):
-        lay.reason = (
-            f"global batch {global_batch} does not split into dp={dp} x micro-batches "
-            f"of {micro_batch}"
-        )
+        return str(e)
+    uniform = len(set(w.blocks)) == 1
+    if w.heads % lay.tp:
+        return f"tp={lay.tp} does not divide the {w.heads} (kv) heads; tp in {divisors(w.heads)}"
+    if uniform and w.layers % lay.pp:
+        return f"pp={lay.pp} does not divide {w.layers} layers; pp in {divisors(w.layers)}"
+    if lay.pp > w.layers:
+        return f"pp={lay.pp} > {w.layers} blocks: a stage needs at least one"
+    if global_batch % (lay.dp * lay.micro_batch):
+        return (f"global batch {global_batch} does not split into dp={lay.dp} x micro-batches "
+                f"of {lay.micro_batch}")  # fmt: skip
+    if lay.recompute not in RECOMPUTE or lay.schedule not in SCHEDULES:
+        return f"recompute in {RECOMPUTE}, schedule in {SCHEDULES}"
+    return None
+
+
+def evaluate(w: Workload, c: Cluster, global_batch: int, dp: int, tp: int, pp: int,
+             micro_batch: int = 1, zero: int = 0, recompute: str = "none",
+             schedule: str = "1f1b", cuts: tuple[int, ...] | None = None) -> Layout:  # fmt: skip
+    """One layout, costed; ``reason`` says why it cannot run (and what would).
+
+    cuts: where the stages start (block indices after 0); default: balanced by FLOPs.
+    """
+    recompute = "none" if recompute == "selective" else recompute
+    lay = Layout(None, dp, tp, pp, micro_batch=micro_batch, recompute=recompute, zero=zero,
+                 schedule=schedule)  # fmt: skip
+    lay.reason = _check(w, c, global_batch, lay)
     if lay.reason:
         return lay
     lay.micro_batches = global_batch // (dp * micro_batch)
-    lay.memory = _memory(w, c, lay, micro_batch, zero, recompute)
-    lay.time = _time(w, c, lay, micro_batch, global_batch, recompute)
-    if lay.memory_gb > c.gpu_memory_gb:
-        lay.reason = (
-            f"needs {lay.memory_gb:.1f} GB per GPU > {c.gpu_memory_gb:g} GB "
-            f"(states {sum(v for k, v in lay.memory.items() if k != 'activations') / GB:.1f}"
-            f" GB, activations {lay.memory['activations'] / GB:.1f} GB)"
-        )
+    stages = plancost.stages(w.blocks, pp, cuts)
+    lay.memory = plancost.memory(w, lay, stages)
+    lay.time = plancost.step_time(w, c, lay, stages)
+    if lay.memory_gb > c.usable_gb:
+        states = sum(v for k, v in lay.memory.items() if k != "activations") / GB
+        lay.reason = (f"needs {lay.memory_gb:.1f} GB per GPU > {c.usable_gb:.1f} GB usable of "
+                      f"{c.gpu_memory_gb:g} GB (states {states:.1f} GB, activations "
+                      f"{lay.memory['activations'] / GB:.1f} GB)")  # fmt: skip
     return lay
 
 
+def _micro_batches(global_batch: int, dp: int, most: int = 64) -> list[int]:
+    per_replica = global_batch // dp if global_batch % dp == 0 else 0
+    return [b for b in divisors(per_replica) if b <= most] if per_replica else [1]
+
+
+def best(w: Workload, c: Cluster, global_batch: int, dp: int, tp: int, pp: int,
+         micro_batch: int | None = None, recompute: str | None = None, **kw) -> Layout:  # fmt: skip
+    """The fastest fitting (micro-batch size, recomputation) of one (pp, dp, tp); ties: less memory.
+
+    None searches that knob; if nothing fits, the layout that needs the least memory says why.
+    """
+    sizes = [micro_batch] if micro_batch else _micro_batches(global_batch, dp)
+    modes = [recompute] if recompute else list(RECOMPUTE)
+    tried = [evaluate(w, c, global_batch, dp, tp, pp, micro_batch=b, recompute=r, **kw)
+             for b in sizes for r in modes]  # fmt: skip
+    ok = [lay for lay in tried if lay.fits]
+    if ok:
+        return min(ok, key=lambda lay: (round(lay.step_time, 9), lay.memory_gb))
+    costed = [lay for lay in tried if lay.memory]
+    return min(costed, key=lambda lay: lay.memory_gb) if costed else tried[0]
+
+
 def candidates(w: Workload, c: Cluster, global_batch: int, **kw) -> list[Layout]:
-    """Every (pp, dp, tp) whose product is the world size, fitting or not."""
+    """Every (pp, dp, tp) whose product is the world size, fitting or not (knobs searched)."""
     out = []
     for tp in divisors(c.world_size):
         for pp in divisors(c.world_size // tp):
-            out.append(evaluate(w, c, global_batch, c.world_size // (tp * pp), tp, pp, **kw))
+            out.append(best(w, c, global_batch, c.world_size // (tp * pp), tp, pp, **kw))
     return out
 
 
@@ -210,3 +275,11 @@ def plan(w: Workload, c: Cluster, global_batch: int, **kw) -> list[Layout]:
     """The layouts that fit, fastest first (ties: less memory first)."""
     ok = [lay for lay in candidates(w, c, global_batch, **kw) if lay.fits]
     return sorted(ok, key=lambda lay: (round(lay.step_time, 9), lay.memory_gb))
+
+
+def ties(layouts: list[Layout], rel: float = TIE) -> list[Layout]:
+    """The layouts whose step time is within ``rel`` of the fastest: the model cannot tell them apart."""
+    if not layouts:
+        return []
+    fastest = min(lay.step_time for lay in layouts)
+    return [lay for lay in layouts if lay.step_time <= fastest * (1 + rel)]
