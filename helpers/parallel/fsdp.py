@@ -125,7 +125,9 @@ def _compute(raw) -> list[tuple[str, str, float, float]]:
             continue
         layer, forward = m.group(2), m.group(1) == "FSDP::pre_forward"
         post = "FSDP::post_forward" if forward else "FSDP::post_backward"
-        ends = [a for n, a, _ in fsdp if a > start and n.startswith(post) and n.endswith(f"({layer})")]
+        ends = [
+            a for n, a, _ in fsdp if a > start and n.startswith(post) and n.endswith(f"({layer})")
+        ]
         if not ends:
             continue
         busy = [b for _, a, b in fsdp if start <= a < min(ends) and b <= min(ends)]

@@ -50,6 +50,7 @@ __all__ = [
     "shard_numels",
     "deepspeed_config",
     "run_steps",
+    "wrap",
     "step_traffic",
     "sent_bytes",
 ]
@@ -158,8 +159,11 @@ def _mean_over_ranks(value: torch.Tensor, d: Dist) -> float:
     return value.item() / d.world_size
 
 
-def _wrap(d: Dist, model: nn.Module, mode: str, optimizer, settings: dict):
-    """(module to call, optimizer) for a torch mode."""
+def wrap(d: Dist, model: nn.Module, mode: str, optimizer=torch.optim.AdamW, **settings):
+    """(module to call, optimizer) for a torch mode: "single", "ddp", "zero1" (DDP +
+    ZeroRedundancyOptimizer), "fsdp-noreshard" (ZeRO-2-like) or "fsdp" (ZeRO-3)."""
+    if mode not in MODES or mode.startswith("ds"):
+        raise ValueError(f"mode={mode!r}: choose one of {MODES[:5]} (DeepSpeed: run_steps)")
     if mode == "single":
         return model, optimizer(model.parameters(), **settings)
     if mode in ("ddp", "zero1"):
@@ -214,7 +218,7 @@ def run_steps(d: Dist, model: nn.Module, x, y, steps: int, lr: float, mode: str,
             raise ValueError(f"mode={mode!r} builds DeepSpeed's AdamW from its config: leave "
                              "optimizer at torch.optim.AdamW")  # fmt: skip
         return _deepspeed_steps(d, model, xs, ys, steps, lr, int(mode[2:]), settings)
-    module, opt = _wrap(d, model, mode, optimizer, settings)
+    module, opt = wrap(d, model, mode, optimizer, **settings)
     losses = []
     for _ in range(steps):
         opt.zero_grad(set_to_none=False)  # keep the gradients: measure_states counts them

@@ -27,6 +27,7 @@ import time
 import weakref
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
@@ -38,7 +39,9 @@ class _LiveStorages(TorchDispatchMode):
     def __init__(self, trace: bool = False):
         super().__init__()
         self.live, self.peak = 0, 0
-        self._sizes = WeakIdKeyDictionary()  # storage -> [bytes now]
+        # keyed by the storage object, not its data_ptr(): every fake tensor's (the dry run's
+        # FakeTensorMode) is 0, and a freed address is soon reused
+        self._sizes = WeakIdKeyDictionary()  # storage -> [bytes now, a real storage?]
         self.trace: list[tuple[float, int]] | None = [] if trace else None
         self._t0 = time.perf_counter()
 
@@ -59,6 +62,8 @@ class _LiveStorages(TorchDispatchMode):
         hands its original parameters' storages to its shards this way): no weak-reference
         callback ever fires for them."""
         for storage, entry in list(self._sizes.items()):
+            if not entry[1]:  # a fake tensor's storage has no memory to lose
+                continue
             try:
                 storage.data_ptr()
             except RuntimeError:  # "an invalid python storage": its memory was freed
@@ -83,7 +88,7 @@ class _LiveStorages(TorchDispatchMode):
             return
         storage = t.untyped_storage()
         if storage not in self._sizes:  # a new storage (views and in-place ops reuse one)
-            entry = [storage.nbytes()]
+            entry = [storage.nbytes(), not isinstance(t, FakeTensor)]
             self._sizes[storage] = entry
             weakref.finalize(storage, self._freed(entry))
             self._add(entry[0])

@@ -77,7 +77,9 @@ def plot_comm_timeline(events, measured_on=None, title="What FSDP sends, and whe
                 height=0.34 if compute else 0.3, hatch="///" if e.prefetched else None,
                 edgecolor="white" if e.prefetched else None, lw=0)  # fmt: skip
     if any(e.prefetched for e in events):
-        ax.barh([0], [0], color="white", edgecolor="k", hatch="///", label="issued ahead (prefetch)")
+        ax.barh(
+            [0], [0], color="white", edgecolor="k", hatch="///", label="issued ahead (prefetch)"
+        )
     ax.set_yticks(range(len(layers)), [f"layer {name or 'root'}" for name in layers])
     ax.invert_yaxis()
     ax.set_xlabel("time since the step started (ms)")
@@ -115,7 +117,7 @@ def plot_stages(rows: list[dict], measured_on=None, unit: float = 1e6, unit_name
         if r.get("paper") is not None:
             left.plot([i - 0.4, i + 0.4], [r["paper"]] * 2, "k-", lw=2,
                       label="ZeRO paper" if i == 0 else None)  # fmt: skip
-    left.set_ylabel("bytes sent per rank per step / (model bytes x (N-1)/N)")
+    left.set_ylabel("sent per rank and step, in (N-1)/N x model bytes")
     left.legend(fontsize=8)
     right.bar([i - 0.2 for i in x], [r["rest"] / unit for r in rows], width=0.4,
               color="#55a868", label="at rest (between steps)")  # fmt: skip
@@ -124,7 +126,7 @@ def plot_stages(rows: list[dict], measured_on=None, unit: float = 1e6, unit_name
     right.set_ylabel(f"{unit_name} per rank")
     right.legend(fontsize=8)
     for ax in (left, right):
-        ax.set_xticks(list(x), labels, fontsize=8, rotation=20)
+        ax.set_xticks(list(x), labels, fontsize=8)
     fig.subplots_adjust(bottom=0.25, wspace=0.35)
     return fig
 

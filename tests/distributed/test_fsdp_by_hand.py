@@ -68,14 +68,17 @@ def _odd_run(d, tokens, targets):
 @pytest.mark.parametrize("world", [2, 4])
 def test_equals_one_process_with_odd_shapes(world):
     g = torch.Generator().manual_seed(0)
-    tokens, targets = torch.randint(0, 11, (8, 3), generator=g), torch.randint(0, 5, (8, 3), generator=g)
+    tokens, targets = (
+        torch.randint(0, 11, (8, 3), generator=g),
+        torch.randint(0, 5, (8, 3), generator=g),
+    )
     ref_losses, ref = _train(Dist(), _odd(), None, tokens, targets)
     for rank, (losses, state) in enumerate(launch.spawn(_odd_run, world, args=(tokens, targets))):
         assert losses == pytest.approx(ref_losses, rel=1e-12, abs=1e-12), f"rank {rank}"
         assert state.keys() == ref.state_dict().keys()  # the original names, every parameter
         for name, value in ref.state_dict().items():
             torch.testing.assert_close(state[name], value, rtol=1e-10, atol=1e-12,
-                                       msg=lambda m, n=name: f"{n}, rank {rank}/{world}: {m}")  # fmt: skip
+                                       msg=lambda m, n=name, r=rank: f"{n}, rank {r}/{world}: {m}")  # fmt: skip
     assert ref_losses[-1] < ref_losses[0]
 
 
@@ -107,7 +110,7 @@ def test_llama_equals_fsdp2_and_sends_what_zero3_sends(dtype):
     tokens = torch.randint(0, 250, (4, 17), generator=torch.Generator().manual_seed(0))
     hand = launch.spawn(_llama, 2, args=(tokens, dtype, True))
     ref = launch.spawn(_llama, 2, args=(tokens, dtype, False))
-    for (h_losses, h_state, calls), (f_losses, f_state, _) in zip(hand, ref, strict=True):
+    for (h_losses, h_state, _), (f_losses, f_state, _) in zip(hand, ref, strict=True):
         assert h_losses == pytest.approx(f_losses, abs=1e-6)  # bf16 too: the same arithmetic
         assert h_state.keys() == f_state.keys()
         for name, value in f_state.items():
