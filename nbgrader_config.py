@@ -51,15 +51,23 @@ c.Execute.kernel_name = "python3"
 #   (GetGrades must come first: it reads scores by cell);
 # - a graded cell a learner copied (two cells, one grade_id) no longer aborts the
 #   grading of every learner after them.
+# The guard (helpers/course/guard.py) reads every learner cell before the kernel runs
+# it, in autograde and Validate: a cell that reaches into the kernel or the grader, or
+# imports what its lab refuses (solutions/<lab>/grading.toml), is not run, and the
+# grades CSV (`nbgrader export`) says why in its `refused` column.
 try:
     from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
     from nbgrader.preprocessors import CheckCellMetadata, ClearOutput, GetGrades
     from nbgrader.preprocessors import OverwriteCells, OverwriteKernelspec
 
+    from helpers.course import guard
+    from helpers.course.export import CsvWithRefusals
     from helpers.course.preprocessors import DropDuplicateIds, HideHiddenTests
 except ImportError:  # a learner's environment without the workbook package: not needed
     pass
 else:
+    guard.configure(c)
+    c.ExportApp.plugin_class = CsvWithRefusals
     c.GenerateFeedback.preprocessors = [GetGrades, HideHiddenTests, CSSHTMLHeaderPreprocessor]
     c.Autograde.sanitize_preprocessors = [
         ClearOutput,

@@ -2,7 +2,8 @@
 
 The grading tests submit fake students per lab: the untouched release (must
 score 0), the solution (full marks) and every plausible wrong answer (each
-strictly in between). Wrong answers live next to the solution in
+strictly in between, except those that reach into the grader: named ``tamper_*``
+or ``rewrites_recorder_*``, they must score 0). Wrong answers live next to the solution in
 ``solutions/<lab>/wrong_answers.py`` (never released: nbgrader_config.py ignores
 it). It is plain Python split into answers and cells by header lines::
 
@@ -24,15 +25,28 @@ no ``# === wrong:`` line is one wrong answer called ``wrong``.
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import nbformat
 
-from helpers.course.course_dir import generate, make_course, nbgrader, notebooks, venv_on_path
+from helpers.course.course_dir import (
+    generate,
+    generate_all,
+    make_course,
+    nbgrader,
+    notebooks,
+    venv_on_path,
+)
 from helpers.runs import workbook_root
 
 WRONG_ANSWERS = "wrong_answers.py"
 FIXED_STUDENTS = ("release", "solution")
+# Wrong answers are named by the shortcut they try (labs/README.md lists the classes). Those
+# that reach into the grader or rewrite the recorder must score zero; the guard refuses
+# them, and imports of what the lab refuses, before they run.
+ZERO_PREFIXES = ("tamper_", "rewrites_recorder_")
+REFUSED_PREFIXES = (*ZERO_PREFIXES, "imports_")
 _ANSWER_HEADER = re.compile(r"^# === wrong: *([A-Za-z0-9_]+) *$", re.MULTILINE)
 _CELL_HEADER = re.compile(r"^# %% cell: *(\S+) *$", re.MULTILINE)
 _SOLUTION_MARKER = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION[ \t]*\n?", re.MULTILINE)
@@ -116,21 +130,23 @@ def submit_fake_students(course: Path, lab: str) -> None:
         )
 
 
+def scores_of(course: Path, lab: str) -> dict[str, tuple[float, float]]:
+    """(score, max) per student of ``lab``, from the course's gradebook."""
+    from nbgrader.api import Gradebook
+
+    db = f"sqlite:///{Path(course).resolve() / 'gradebook.db'}"
+    with venv_on_path(), Gradebook(db) as gb:
+        return {s.student.id: (s.score, s.max_score) for s in gb.assignment_submissions(lab)}
+
+
 def autograde(course: Path, lab: str, check: bool = True) -> dict[str, tuple[float, float]]:
     """Autograde every submission of ``lab`` in one nbgrader call; (score, max) per student.
 
     ``check=False``: a submission nbgrader cannot grade (not a notebook) is not an
     error here; it has no score, and every other submission is graded.
     """
-    from nbgrader.api import Gradebook
-
     nbgrader(["autograde", lab, "--force"], cwd=course, check=check)
-    db = f"sqlite:///{Path(course).resolve() / 'gradebook.db'}"
-    with venv_on_path(), Gradebook(db) as gb:
-        scores = {}
-        for sub in gb.assignment_submissions(lab):
-            scores[sub.student.id] = (sub.score, sub.max_score)
-    return scores
+    return scores_of(course, lab)
 
 
 def roundtrip(lab: str, workdir: Path, root: Path | None = None) -> dict[str, tuple[float, float]]:
@@ -139,6 +155,26 @@ def roundtrip(lab: str, workdir: Path, root: Path | None = None) -> dict[str, tu
     generate(course, lab)
     submit_fake_students(course, lab)
     return autograde(course, lab)
+
+
+def roundtrip_labs(
+    lab_list: list[str], workdir: Path, root: Path | None = None
+) -> dict[str, dict[str, tuple[float, float]]]:
+    """``roundtrip`` for several labs in one course, with one nbgrader call per step.
+
+    Each nbgrader command costs ~3 s of start-up before it does anything; here the
+    release, the grading (every student of every lab) are one call each, whatever the
+    number of labs (nbgrader reads ``"*"`` as every assignment). {lab: scores}.
+    """
+    course = make_course(Path(workdir), root)
+    for folder in (course / "solutions").iterdir():
+        if folder.is_dir() and folder.name not in lab_list:
+            shutil.rmtree(folder)
+    generate_all(course)
+    for lab in lab_list:
+        submit_fake_students(course, lab)
+    nbgrader(["autograde", "*", "--force"], cwd=course)
+    return {lab: scores_of(course, lab) for lab in lab_list}
 
 
 def validate(notebook: Path, invert: bool = False) -> tuple[bool, str]:

@@ -184,6 +184,8 @@ def write_configs(settings: HubSettings, instructor: str) -> dict[str, Path]:
             f"c.Exchange.root = {settings.exchange!r}",
             "c.Exchange.path_includes_course = True",
             "c.Authenticator.plugin_class = JupyterHubAuthPlugin",
+            "from helpers.course import guard  # Validate reads learner code as grading does",
+            "guard.configure(c)",
             "",
         ]
     )

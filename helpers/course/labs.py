@@ -27,7 +27,7 @@ from pathlib import Path
 from helpers.course.course_dir import (
     KERNEL_WRITES,
     _root,
-    generate,
+    generate_all,
     lab_names,
     make_course,
     notebooks,
@@ -79,9 +79,8 @@ def release(root: Path | None = None, dest: Path | None = None) -> list[Path]:
     written = []
     with tempfile.TemporaryDirectory(prefix="labs-release-") as tmp:
         course = make_course(Path(tmp), top)
-        for lab in lab_names(top):
-            built = generate(course, lab)
-            target = dest / lab
+        for built in generate_all(course):
+            target = dest / built.name
             if target.exists():
                 shutil.rmtree(target)  # files removed from solutions/ disappear too
             shutil.copytree(built, target)

@@ -1,16 +1,20 @@
 """What a ring attention's messages must carry (lab 7's "by hand" checks), and a tamper test.
 
 On each rank, ``watch_ring`` runs the learner's ring under ``record_traffic`` (every
-collective refused, each point-to-point message logged with its peer) and also keeps a copy
-of what every outgoing message carries. With ``tamper=fn`` it changes each outgoing message
-on its way (the neighbour receives ``fn(tensor)``), so the grader can check that the result
-moves exactly as the maths says: a ring whose result ignores its messages fails. While it
-runs, the workbook's own context-parallel code (helpers.parallel.online_softmax,
-context_layout, ring_attention, allgather_attention) is switched off, and torch's fused
-attention kernels are refused: the lab asks for both by hand.
+collective refused, each point-to-point message logged with its peer, and what each send
+carries streamed to the grading process as it happens when an ``EventLog`` is open there).
+With ``tamper=fn`` it changes each outgoing message on its way (the neighbour receives
+``fn(tensor)``), so the grader can check that the result moves exactly as the maths says:
+a ring whose result ignores its messages fails. While it runs, the workbook's own
+context-parallel code (helpers.parallel.online_softmax, context_layout, ring_attention,
+allgather_attention) is switched off, and torch's fused attention kernels are refused: the
+lab asks for both by hand (and lab 7's grading.toml refuses importing them).
 
 On the grader's side (plain functions of the logs, so another recorder can feed them):
 
+    streamed_rings(events, world)   each rank's ring as the grading process received it
+        (the log the tests trust: the rank's own copy is within the learner's reach);
+        fails when a rank's recorder was switched off
     message_problems(log, rank, world, k, v, positions)   [] when rank sent exactly the
         N - 1 K/V blocks of ranks r, r-1, ..., r-N+2, in that order, only to r + 1,
         and received only from r - 1
@@ -24,14 +28,17 @@ sending it once, so rank i sees block j tampered exactly when tamper_rank is amo
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as tdist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from helpers.course.traffic import Traffic, record_traffic
+from helpers.course.events import EventLog
+from helpers.course.traffic import Tamper, Traffic, record_traffic
 from helpers.parallel import allgather_attention, context_layout, online_softmax, ring_attention
 from helpers.parallel.online_softmax import attention, causal_mask
 
@@ -41,6 +48,7 @@ __all__ = [
     "message_problems",
     "no_workbook_answers",
     "own_attention",
+    "streamed_rings",
     "tampered_reference",
     "watch_ring",
 ]
@@ -84,31 +92,34 @@ class _NoFusedAttention(TorchDispatchMode):
 
 
 class _Courier(TorchDispatchMode):
-    """Copies (and with ``tamper``, replaces) every tensor a c10d send carries."""
+    """Keeps this rank's own copy of every tensor a c10d send carries (before any tamper)."""
 
-    def __init__(self, log: RingLog, tamper: Callable | None):
+    def __init__(self, log: RingLog):
         super().__init__()
-        self.log, self.tamper = log, tamper
+        self.log = log
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func._schema.name.split("::")[-1]
         if func.namespace == "c10d" and name == "send":
-            tensors = list(args[0])
-            if self.tamper is not None:
-                tensors = [self.tamper(t) for t in tensors]
-                args = (tensors, *args[1:])
-            self.log.sent.extend(tensors)  # keeps them alive until the send completes
+            self.log.sent.extend(t.detach().clone() for t in args[0])
         return func(*args, **(kwargs or {}))
+
+
+@functools.cache
+def _off_code(message: str):
+    """The code of a function that raises RuntimeError(message) (compiled once per message:
+    the hidden tests switch the answers off around every call)."""
+    scope: dict = {}
+    exec(f"def _off(*args, **kwargs):\n    raise RuntimeError({message!r})\n", scope)
+    return scope["_off"].__code__
 
 
 def _switch_off(fn, where: str, exercise: str):
     """Replace fn's code by one that raises; return what restores it."""
     message = (f"{exercise} must be your own code: {where} (the workbook's version, notebook 09) "
                "is switched off while it is tested")  # fmt: skip
-    scope: dict = {}
-    exec(f"def _off(*args, **kwargs):\n    raise RuntimeError({message!r})\n", scope)
     saved = (fn.__code__, fn.__defaults__, fn.__kwdefaults__)
-    fn.__code__ = scope["_off"].__code__
+    fn.__code__ = _off_code(message)
 
     def restore():
         fn.__code__, fn.__defaults__, fn.__kwdefaults__ = saved
@@ -151,12 +162,36 @@ def own_attention(exercise: str = "this exercise") -> Iterator[None]:
 def watch_ring(
     exercise: str = "ring_attention", tamper: Callable | None = None
 ) -> Iterator[RingLog]:
-    """Record this rank's ring (see module docstring): collectives refused, messages copied
-    (and tampered with), the workbook's answers and torch's fused attention switched off."""
-    with record_traffic(exercise=exercise) as traffic, own_attention(exercise):
-        log = RingLog(traffic)
-        with _Courier(log, tamper):
-            yield log
+    """Record this rank's ring (see module docstring): collectives refused, messages logged
+    and their contents streamed (and tampered with), the workbook's answers and torch's fused
+    attention switched off. The yielded RingLog is the rank's own copy (for demonstrations)."""
+    rank = tdist.get_rank() if tdist.is_initialized() else 0
+    change = None if tamper is None else Tamper(rank, ("send", "isend"), tamper, nth=None)
+    with record_traffic(exercise=exercise, content=True, tamper=change) as traffic:
+        with own_attention(exercise):
+            log = RingLog(traffic)
+            with _Courier(log):
+                yield log
+
+
+def streamed_rings(events: EventLog, world: int) -> list[dict]:
+    """Per rank, its ring (one ``watch_ring``) as streamed to this process, in the form of
+    ``RingLog.summary()``, plus "tampered" (messages changed on their way)."""
+    out = []
+    for rank in range(world):
+        recs = events.recordings(rank)
+        if len(recs) != 1 or not recs[0].closed:
+            raise AssertionError(
+                f"rank {rank}: its traffic recorder reported {len(recs)} complete recordings "
+                f"of 1 ({sum(r.closed for r in recs)} closed): it was switched off"
+            )
+        (rec,) = recs
+        out.append({
+            "messages": [(e["op"], e["peer"], e["numel"]) for e in rec.messages],
+            "sent": rec.contents("p2p", outgoing=True),
+            "tampered": len(rec.tampered),
+        })  # fmt: skip
+    return out
 
 
 def _blocks(k, v, positions, rank, world) -> list[torch.Tensor]:

@@ -1,32 +1,39 @@
-"""Record a rank's point-to-point traffic and refuse collectives, for the lab tests.
+"""Record a rank's traffic, refuse collectives, stream every event out, for the lab tests.
 
 A "by hand" exercise (lab 1's ring all-reduce) is graded on HOW it works, not
-only on its result: which messages a rank sent, to whom, and how many bytes.
-``record_traffic`` watches one rank while the learner's function runs::
+only on its result: which messages a rank sent, to whom, how many bytes, and
+what they held. ``record_traffic`` watches one rank while the learner's code runs::
 
     with record_traffic(exercise="the ring all-reduce") as traffic:
         ring_all_reduce_(d, tensor)
     traffic.messages   # [Message(op='isend', peer=1, numel=3, bytes=12), ...]
-    ring_problems(traffic, d.rank, d.world_size, tensor.numel())   # [] for a real ring
-                                                  # (helpers.course.ring_check)
 
 How: every torch.distributed operation, whatever Python path reaches it
 (``tdist.all_reduce``, ``distributed_c10d.all_reduce``, ``all_reduce_coalesced``,
-object collectives, a ``ProcessGroup`` method, functional collectives), ends
-up as one operator of the ``c10d`` namespaces in PyTorch's dispatcher. A
+object collectives, a ``ProcessGroup`` method, functional collectives), ends up
+as one operator of the ``c10d`` namespaces in PyTorch's dispatcher. A
 ``TorchDispatchMode`` sees each of them: ``c10d.send`` / ``c10d.recv_`` are
 logged as messages, any other one raises ``CollectiveRefused`` before it runs
-(unless ``allow`` names it; lab 0 allows and counts ``all_reduce``). An allowed
-collective is logged with the bytes this rank put in (``traffic.calls``), so lab 4
-checks that a layer all-reduces one [B, T, dim] tensor, not two, nor a wider one.
-The workbook's own ready-made all-reduces (helpers.parallel.collectives, built
-from send/recv) are refused too: their code objects are swapped while recording,
-so even a reference imported before the recording started is caught.
+(unless ``allow`` names it). An allowed collective is logged with the bytes this
+rank put in (``traffic.calls``). The workbook's own ready-made all-reduces
+(helpers.parallel.collectives) are refused too.
+
+Beyond the rank's own lists, which the learner's code could reach:
+
+* with an ``EventLog`` open in the grading process (helpers.course.events), every
+  event is also streamed there as it happens; tests grade that copy, so
+  changing the rank's lists afterwards changes nothing, and a recorder that was
+  switched off leaves fewer events than the maths requires;
+* ``content=True`` streams what each send and each collective contribution held;
+* ``tamper=Tamper(...)`` changes one message on its way (helpers.course.tamper);
+* ``memory=True`` counts the tensor bytes allocated inside the recording
+  (helpers.course.allocations): ``traffic.peak_bytes``, ``traffic.kept_bytes``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -34,43 +41,30 @@ from dataclasses import dataclass, field
 import torch.distributed as tdist
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
+from helpers.course import events
+from helpers.course.allocations import Allocations
+from helpers.course.c10d import (
+    C10D_NAMESPACES,
+    FRIENDLY,
+    P2P,
+    named_p2p,
+    refuse_workbook_collectives,
+)
+from helpers.course.events import EventLog
+from helpers.course.tamper import Tamper, contribution, substitute
 from helpers.launch import RankFailure, spawn
 
 __all__ = [
     "Call",
     "CollectiveRefused",
+    "EventLog",
     "Message",
+    "Tamper",
     "Traffic",
     "record_traffic",
     "spawn_p2p",
+    "streamed",
 ]
-
-# Dispatcher namespaces of distributed operators, and the point-to-point ones in them.
-_C10D_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional", "_c10d_functional_autograd")
-_P2P = {"send": "send", "recv_": "recv", "recv_any_source_": "recv"}
-# Operator name -> the torch.distributed function a learner knows it by.
-_FRIENDLY = {
-    "allreduce_": "all_reduce",
-    "allreduce_coalesced_": "all_reduce_coalesced",
-    "allgather_": "all_gather",
-    "_allgather_base_": "all_gather_into_tensor",
-    "allgather_coalesced_": "all_gather_coalesced",
-    "allgather_into_tensor_coalesced_": "all_gather_into_tensor_coalesced",
-    "broadcast_": "broadcast",
-    "reduce_": "reduce",
-    "reduce_scatter_": "reduce_scatter",
-    "_reduce_scatter_base_": "reduce_scatter_tensor",
-    "alltoall_": "all_to_all",
-    "alltoall_base_": "all_to_all_single",
-    "gather_": "gather",
-    "scatter_": "scatter",
-    "barrier": "barrier",
-    "monitored_barrier_": "monitored_barrier",
-}
-# Python entry points whose name tells isend from send (the dispatcher sees only send).
-_P2P_FUNCTIONS = ("send", "recv", "isend", "irecv")
-# The workbook's ready-made all-reduces (notebook 02): refused while recording.
-_WORKBOOK_COLLECTIVES = ("ring_all_reduce", "ps_all_reduce", "builtin_all_reduce")
 
 
 class CollectiveRefused(RuntimeError):
@@ -107,6 +101,9 @@ class Traffic:
     messages: list[Message] = field(default_factory=list)
     collectives: list[str] = field(default_factory=list)  # friendly names, in call order
     calls: list[Call] = field(default_factory=list)  # the same collectives, with their bytes
+    tampered: int = 0  # messages changed on their way (record_traffic's tamper=)
+    peak_bytes: int = 0  # with memory=True: most bytes of new tensors alive at once
+    kept_bytes: int = 0  # with memory=True: bytes of new tensors alive at the end
 
     def sent(self) -> list[Message]:
         return [m for m in self.messages if m.outgoing]
@@ -127,58 +124,71 @@ class Traffic:
 class _Watch(TorchDispatchMode):
     """Sees every dispatched operator; logs c10d p2p ops, refuses the other c10d ops."""
 
-    def __init__(self, traffic: Traffic, allow: set[str], exercise: str):
+    def __init__(self, traffic, allow, exercise, out, content, tamper, memory):
         super().__init__()
-        self.traffic, self.allow, self.exercise = traffic, allow, exercise
+        self.traffic, self.allow, self.exercise = traffic, frozenset(allow), exercise
+        self.out, self.content, self.tamper = out, content, tamper
+        self.memory = Allocations(on_alloc=self._emit) if memory else None
         self.api = threading.local()  # the Python function being called (isend, recv, ...)
+        self.tamper_seen = 0  # operations of the tamper's kind seen so far on this rank
+        self.rank = tdist.get_rank() if tdist.is_initialized() else -1
+
+    def _emit(self, event: dict, content=None) -> None:
+        if self.out is not None:
+            self.out.send(event, content)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        namespace, name = func.namespace, func._schema.name.split("::")[-1]
-        if namespace in _C10D_NAMESPACES:
-            if name in _P2P:
-                self._log(name, args)
-            else:
-                friendly = _FRIENDLY.get(name, name)
-                if friendly not in self.allow:
-                    raise CollectiveRefused(
-                        _refusal(self.exercise, friendly, namespace, self.allow)
-                    )
-                self.traffic.collectives.append(friendly)
-                self.traffic.calls.append(Call(friendly, _input_bytes(func, args, kwargs)))
-        return func(*args, **kwargs)
+        if func.namespace in C10D_NAMESPACES:
+            args, kwargs = self._c10d(func, args, kwargs)
+            if self.memory is not None:
+                self.memory.communicated((args, kwargs))
+        if self.memory is None:
+            return func(*args, **kwargs)
+        self.memory.seen((args, kwargs))
+        out = func(*args, **kwargs)
+        self.memory.made(str(func.overloadpacket.__name__), out)
+        return out
 
-    def _log(self, name: str, args) -> None:
-        tensors, peer = args[0], (args[2] if name != "recv_any_source_" else -1)
-        base = _P2P[name]
-        api = getattr(self.api, "name", None)
-        op = api if api and api.endswith(base) else base  # isend/irecv when called so
+    def _c10d(self, func, args, kwargs):
+        name = func._schema.name.split("::")[-1]
+        if name in P2P:
+            op = self._p2p_name(name)
+        else:
+            op = FRIENDLY.get(name, name)
+        if self.tamper is not None and self.tamper.matches(self.rank, op):
+            index, self.tamper_seen = self.tamper_seen, self.tamper_seen + 1
+            if self.tamper.nth is None or index == self.tamper.nth:
+                args, kwargs = substitute(func, args, kwargs, self.tamper.change)
+                self.traffic.tampered += 1
+                self._emit({"kind": "tampered", "op": op, "index": index})
+        _, tensors = contribution(func, args, kwargs)
         numel = sum(t.numel() for t in tensors)
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
-        self.traffic.messages.append(Message(op, int(peer), numel, nbytes))
+        shown = tensors[0] if len(tensors) == 1 else None
+        if name in P2P:
+            peer = int(args[2]) if name != "recv_any_source_" else -1
+            self.traffic.messages.append(Message(op, peer, numel, nbytes))
+            event = {"kind": "p2p", "op": op, "peer": peer, "numel": numel, "bytes": nbytes}
+            outgoing = op in ("send", "isend")
+            self._emit(event, shown if self.content and outgoing else None)
+            return args, kwargs
+        allowed = op in self.allow
+        event = {"kind": "collective", "name": op, "bytes": nbytes, "allowed": allowed}
+        self._emit(event, shown if self.content and allowed else None)
+        if not allowed:
+            raise CollectiveRefused(_refusal(self.exercise, op, func.namespace, self.allow))
+        self.traffic.collectives.append(op)
+        self.traffic.calls.append(Call(op, nbytes))
+        return args, kwargs
+
+    def _p2p_name(self, name: str) -> str:
+        base = P2P[name]
+        api = getattr(self.api, "name", None)
+        return api if api and api.endswith(base) else base  # isend/irecv when called so
 
 
-def _nbytes(obj) -> int:
-    if hasattr(obj, "element_size"):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, list | tuple):
-        return sum(_nbytes(o) for o in obj)
-    return 0
-
-
-def _input_bytes(func, args, kwargs) -> int:
-    """Bytes of what this rank contributes to a collective: the schema's argument named
-    input/input_tensor(s) when it has one (all-gather, reduce-scatter), else the first
-    tensor argument (all-reduce, broadcast: the tensor is both input and output)."""
-    names = [a.name for a in func._schema.arguments]
-    values = dict(zip(names, args, strict=False)) | kwargs
-    for name in ("input", "input_tensor", "input_tensors"):
-        if name in values:
-            return _nbytes(values[name])
-    return next((n for n in (_nbytes(v) for v in values.values()) if n), 0)
-
-
-def _refusal(exercise: str, name: str, namespace: str, allow: set[str]) -> str:
+def _refusal(exercise: str, name: str, namespace: str, allow: Iterable[str]) -> str:
     allowed = f" (allowed here: {', '.join(sorted(allow))})" if allow else ""
     return (
         f"{exercise} must not call the collective {name!r} ({namespace}.{name}){allowed}. "
@@ -189,76 +199,56 @@ def _refusal(exercise: str, name: str, namespace: str, allow: set[str]) -> str:
 
 
 @contextlib.contextmanager
-def _named_p2p(watch: _Watch) -> Iterator[None]:
-    """Wrap torch.distributed's send/recv/isend/irecv so the log says which one was called."""
-    modules = (tdist, tdist.distributed_c10d)
-    saved = [(m, n, getattr(m, n)) for m in modules for n in _P2P_FUNCTIONS if hasattr(m, n)]
-
-    def named(name, original):
-        def call(*args, **kwargs):
-            outer = getattr(watch.api, "name", None)
-            watch.api.name = outer or name  # the learner's call, not torch's inner ones
-            try:
-                return original(*args, **kwargs)
-            finally:
-                watch.api.name = outer
-
-        call.__wrapped__ = original
-        return call
-
-    try:
-        for module, name, original in saved:
-            setattr(module, name, named(name, original))
-        yield
-    finally:
-        for module, name, original in saved:
-            setattr(module, name, original)
-
-
-@contextlib.contextmanager
-def _refuse_workbook_collectives(exercise: str) -> Iterator[None]:
-    """Make helpers.parallel.collectives' all-reduces raise, however they were imported."""
-    from helpers.parallel import collectives
-
-    saved = []
-    for name in _WORKBOOK_COLLECTIVES:
-        fn = getattr(collectives, name)
-        message = (
-            f"{exercise} must be your own code: helpers.parallel.collectives.{name} "
-            "(notebook 02's ready-made version) is switched off while it is tested."
-        )
-        # A code object of its own (no closure, builtins only), so it can replace the
-        # original's: every reference to the function object now raises.
-        scope: dict = {}
-        exec(f"def {name}(*args, **kwargs):\n    raise RuntimeError({message!r})\n", scope)
-        saved.append((fn, fn.__code__, fn.__defaults__, fn.__kwdefaults__))
-        fn.__code__ = scope[name].__code__
-    try:
-        yield
-    finally:
-        for fn, code, defaults, kwdefaults in saved:
-            fn.__code__, fn.__defaults__, fn.__kwdefaults__ = code, defaults, kwdefaults
-
-
-@contextlib.contextmanager
-def record_traffic(allow: Iterable[str] = (), exercise: str = "this exercise") -> Iterator[Traffic]:
+def record_traffic(
+    allow: Iterable[str] = (),
+    exercise: str = "this exercise",
+    content: bool = False,
+    tamper: Tamper | None = None,
+    memory: bool = False,
+) -> Iterator[Traffic]:
     """Record this rank's p2p messages; refuse every collective not named in ``allow``.
 
     allow: friendly collective names that may run and are counted in
         ``traffic.collectives`` (e.g. ``("all_reduce",)``).
     exercise: how refusal messages name the code under test.
+    content: also stream what each send and each allowed collective carried.
+    tamper: change one message on its way (helpers.course.tamper.Tamper).
+    memory: count the tensor bytes allocated inside (peak_bytes, kept_bytes).
     Raises RuntimeError at exit if the recording was switched off from inside.
     """
     traffic = Traffic()
-    watch = _Watch(traffic, set(allow), exercise)
-    with _refuse_workbook_collectives(exercise), _named_p2p(watch):
-        with watch:
-            yield traffic
-            if _get_current_dispatch_mode() is not watch:
-                raise RuntimeError(
-                    f"{exercise} switched off the traffic recorder (a dispatch mode was "
-                    "pushed or popped): leave torch's dispatch modes alone"
-                )
+    out = events.sender(exercise)
+    watch = _Watch(traffic, allow, exercise, out, content, tamper, memory)
+    try:
+        with refuse_workbook_collectives(exercise), named_p2p(watch.api):
+            with watch:
+                yield traffic
+                if _get_current_dispatch_mode() is not watch:
+                    raise RuntimeError(
+                        f"{exercise} switched off the traffic recorder (a dispatch mode was "
+                        "pushed or popped): leave torch's dispatch modes alone"
+                    )
+        if watch.memory is not None:
+            gc.collect()  # what a reference cycle still holds is not kept by the learner's code
+            traffic.peak_bytes, traffic.kept_bytes = watch.memory.peak_bytes, 0
+            for op, nbytes in watch.memory.kept():
+                traffic.kept_bytes += nbytes
+                watch._emit({"kind": "kept", "op": op, "bytes": nbytes})
+    finally:
+        if out is not None:
+            out.close()
+
+
+def streamed(recording: events.Recording) -> Traffic:
+    """The Traffic of one recording as the grading process received it (an EventLog's copy)."""
+    traffic = Traffic(tampered=len(recording.tampered))
+    for e in recording.messages:
+        traffic.messages.append(Message(e["op"], e["peer"], e["numel"], e["bytes"]))
+    for name, nbytes in recording.calls:
+        traffic.collectives.append(name)
+        traffic.calls.append(Call(name, nbytes))
+    traffic.peak_bytes, traffic.kept_bytes = recording.peak_bytes, recording.kept_bytes
+    return traffic
 
 
 def spawn_p2p(fn, world_size: int, args=(), timeout: float = 15) -> list:

@@ -91,3 +91,84 @@ def ring_all_reduce_(d, tensor: torch.Tensor) -> None:
         chunks[(r - s - 1) % n].add_(incoming)
     for s in range(n - 1):  # all-gather
         exchange(chunks[(r + 1 - s) % n], chunks[(r - s) % n])
+
+# ---------------------------------------------------------------------------------------
+# Shortcuts a learner looking for free marks might try (one of each class; labs/README.md).
+# tamper_ and rewrites_recorder_ reach into the grader and must score zero; imports_ is
+# refused before it runs; decoy_ and deciding_ are caught by what the tests check.
+
+# === wrong: tamper_custom_exception_handler
+# Grader tampering: the kernel's custom exception handler swallows every error, so no test
+# cell reports one and the stubs would pass. The guard refuses IPython: zero.
+# %% cell: average_gradients
+import IPython
+
+IPython.get_ipython().set_custom_exc((BaseException,), lambda shell, etype, value, tb, tb_offset=None: None)
+
+
+def average_gradients(d, model: nn.Module) -> None:
+    raise NotImplementedError()
+
+# === wrong: imports_ring_from_notebook_02
+# An importable answer: notebook 02's ring, from the workbook. Refused by lab 1's
+# grading.toml before it runs, so the ring's tests fail.
+# %% cell: ring_all_reduce
+%%program lab1_ring
+import torch
+
+from helpers.parallel.collectives import ring_all_reduce
+
+
+def ring_all_reduce_(d, tensor: torch.Tensor) -> None:
+    ring_all_reduce(d, tensor)
+
+# === wrong: decoy_ring_through_files
+# A decoy: the ring's messages go to the right neighbours, one chunk at a time, in the
+# ring's volume, but they carry zeros; the sum comes from files every rank saved first.
+# The result is right, the traffic looks right; when a test changes a message on its way,
+# nothing changes.
+# %% cell: ring_all_reduce
+%%program lab1_ring
+import torch
+import torch.distributed as tdist
+
+
+def ring_all_reduce_(d, tensor: torch.Tensor) -> None:
+    n, r = d.world_size, d.rank
+    right, left = (r + 1) % n, (r - 1) % n
+    torch.save(tensor.clone(), f"/tmp/lab1-decoy-{r}-{tensor.numel()}.pt")
+    chunks = torch.tensor_split(torch.zeros_like(tensor).view(-1), n)
+    for s in range(2 * (n - 1)):  # the ring's pattern, carrying nothing
+        out, into = chunks[(r - s) % n], torch.empty_like(chunks[(r - s - 1) % n])
+        req = tdist.isend(out, right) if out.numel() else None
+        if into.numel():
+            tdist.recv(into, left)
+        if req is not None:
+            req.wait()
+    total = sum(torch.load(f"/tmp/lab1-decoy-{k}-{tensor.numel()}.pt") for k in range(n))
+    tensor.copy_(total)
+
+# === wrong: rewrites_recorder_pops_the_mode
+# Recorder rewriting: pop the recorder off torch's dispatch-mode stack, call the library's
+# all-reduce unseen, push it back. The guard refuses torch's private internals: zero.
+# %% cell: ring_all_reduce
+%%program lab1_ring
+import torch
+import torch.distributed as tdist
+
+
+def ring_all_reduce_(d, tensor: torch.Tensor) -> None:
+    recorder = torch._C._pop_torch_dispatch_stack()
+    try:
+        tdist.all_reduce(tensor)
+    finally:
+        torch._C._push_on_torch_dispatch_stack(recorder)
+
+# === wrong: deciding_every_grad_is_set
+# Only the deciding cases catch it: it assumes every parameter has a gradient. Right for
+# every visible model; the hidden tests always include a frozen layer (p.grad is None).
+# %% cell: average_gradients
+def average_gradients(d, model: nn.Module) -> None:
+    for p in model.parameters():
+        tdist.all_reduce(p.grad)
+        p.grad /= d.world_size

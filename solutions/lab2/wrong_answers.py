@@ -300,3 +300,254 @@ def model_state_bytes(num_params: int, dp: int, stage: int, precision: str = "fp
         raise ValueError(f"stage={stage!r}: use 0 (DDP), 1, 2 or 3 (FSDP)")
     w, g, o = (num_params * b for b in per_param[precision])
     return (w / dp if stage >= 2 else w, g / dp if stage >= 1 else g, o / dp if stage >= 1 else o)
+
+# ---------------------------------------------------------------------------------------
+# Shortcuts a learner looking for free marks might try (one of each class; labs/README.md).
+# tamper_ and rewrites_recorder_ reach into the grader and must score zero; imports_ is
+# refused before it runs; decoy_ and deciding_ are caught by what the tests check.
+
+# === wrong: tamper_input_transformer
+# Grader tampering: a text transformer wraps every later cell in try/except, so no test
+# reports an error and the stub passes. The guard refuses get_ipython: zero.
+# %% cell: memory_estimate
+get_ipython().input_transformers_post.append(
+    lambda lines: ["try:\n"] + ["    " + line for line in lines] + ["\nexcept BaseException:\n", "    pass\n"]
+)
+
+
+def model_state_bytes(num_params: int, dp: int, stage: int, precision: str = "fp32") -> tuple[float, float, float]:
+    raise NotImplementedError()
+
+# === wrong: imports_zero_redundancy_optimizer
+# A library shortcut: torch's ZeroRedundancyOptimizer inside the wrapper. Refused by lab 2's
+# grading.toml before it runs (it also splits by whole tensors, which the lab asks you not to).
+# %% cell: zero1
+%%program lab2_zero1
+import math
+
+import torch
+import torch.distributed as tdist
+from torch.distributed.optim import ZeroRedundancyOptimizer
+
+
+def shard_range(numel: int, rank: int, world_size: int) -> tuple[int, int]:
+    size = math.ceil(numel / world_size)
+    start = min(rank * size, numel)
+    return start, min(start + size, numel)
+
+
+class ShardedOptimizer:
+    def __init__(self, params, d, optimizer_class=torch.optim.AdamW, **defaults):
+        self.params = [p for p in params if p.requires_grad]
+        self.world_size = d.world_size
+        self.optimizer = ZeroRedundancyOptimizer(self.params, optimizer_class, **defaults)
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self):
+        for p in self.params:
+            tdist.all_reduce(p.grad)
+            p.grad /= self.world_size
+        self.optimizer.step()
+
+# === wrong: imports_copy_of_the_estimate
+# An importable answer: keep a reference to the workbook's estimator, made before the test
+# switches it off. Refused by lab 2's grading.toml: the cell does not run.
+# %% cell: memory_estimate
+from helpers.parallel.memory import estimate
+
+
+def model_state_bytes(num_params: int, dp: int, stage: int, precision: str = "fp32") -> tuple[float, float, float]:
+    states = estimate(num_params, dp, stage, precision)
+    return states.params, states.grads, states.optimizer
+
+# === wrong: decoy_through_files
+# A decoy: the all-reduce and the all-gather the tests count carry zeros; the gradients and
+# the updated shards travel through files. Right weights, right sizes; the content checks
+# and the tamper-in-flight check see that the messages carry nothing.
+# %% cell: zero1
+%%program lab2_zero1
+import math
+
+import torch
+import torch.distributed as tdist
+
+
+def shard_range(numel: int, rank: int, world_size: int) -> tuple[int, int]:
+    size = math.ceil(numel / world_size)
+    start = min(rank * size, numel)
+    return start, min(start + size, numel)
+
+
+class ShardedOptimizer:
+    def __init__(self, params, d, optimizer_class=torch.optim.AdamW, **defaults):
+        self.params = [p for p in params if p.requires_grad]
+        self.world_size, self.rank = d.world_size, d.rank
+        self.numel = sum(p.numel() for p in self.params)
+        self.shard_size = math.ceil(self.numel / self.world_size)
+        self.start, self.end = shard_range(self.numel, d.rank, self.world_size)
+        flat = torch.cat([p.detach().reshape(-1) for p in self.params])
+        self.tag = f"{self.numel}-{float(flat[0]):.6f}"  # one run's files, not another's
+        self.shard = flat[self.start:self.end].clone()
+        self.optimizer = optimizer_class([self.shard], **defaults)
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self):
+        grads = torch.cat([p.grad.reshape(-1) for p in self.params])
+        torch.save(grads, f"/tmp/lab2-decoy-grad-{self.tag}-{self.rank}.pt")
+        tdist.all_reduce(torch.zeros_like(grads))  # counted by the tests, carries nothing
+        mean = sum(torch.load(f"/tmp/lab2-decoy-grad-{self.tag}-{r}.pt") for r in range(self.world_size))
+        self.shard.grad = (mean / self.world_size)[self.start:self.end].clone()
+        self.optimizer.step()
+        torch.save(self.shard.clone(), f"/tmp/lab2-decoy-shard-{self.tag}-{self.rank}.pt")
+        out = torch.empty(self.world_size * self.shard_size, dtype=self.shard.dtype)
+        tdist.all_gather_into_tensor(out, torch.zeros(self.shard_size, dtype=self.shard.dtype))
+        full = torch.cat([torch.load(f"/tmp/lab2-decoy-shard-{self.tag}-{r}.pt") for r in range(self.world_size)])
+        offset = 0
+        for p in self.params:
+            p.copy_(full[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+# === wrong: decoy_full_adamw_behind_a_shard
+# A decoy: a full AdamW on every rank computes the weights, while self.optimizer, over a
+# shard, runs beside it so that the state the tests read looks sharded and the all-gather
+# carries the right piece. The memory the rank allocates shows the full state, and a
+# piece changed in flight does not reach the weights.
+# %% cell: zero1
+%%program lab2_zero1
+import math
+
+import torch
+import torch.distributed as tdist
+
+
+def shard_range(numel: int, rank: int, world_size: int) -> tuple[int, int]:
+    size = math.ceil(numel / world_size)
+    start = min(rank * size, numel)
+    return start, min(start + size, numel)
+
+
+class ShardedOptimizer:
+    def __init__(self, params, d, optimizer_class=torch.optim.AdamW, **defaults):
+        self.params = [p for p in params if p.requires_grad]
+        self.world_size = d.world_size
+        self.numel = sum(p.numel() for p in self.params)
+        self.shard_size = math.ceil(self.numel / self.world_size)
+        self.start, self.end = shard_range(self.numel, d.rank, self.world_size)
+        flat = torch.cat([p.detach().reshape(-1) for p in self.params])
+        self.shard = flat[self.start:self.end].clone()
+        self.optimizer = optimizer_class([self.shard], **defaults)  # what the tests look at
+        self.hidden = optimizer_class(self.params, **defaults)  # what does the work
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self):
+        grads = torch.cat([p.grad.reshape(-1) for p in self.params])
+        tdist.all_reduce(grads)
+        grads /= self.world_size
+        self.shard.grad = grads[self.start:self.end].clone()
+        self.optimizer.step()
+        mine = torch.zeros(self.shard_size, dtype=self.shard.dtype)
+        mine[: self.end - self.start] = self.shard
+        full = torch.empty(self.world_size * self.shard_size, dtype=mine.dtype)
+        tdist.all_gather_single(full, mine)  # the right piece, gathered and then ignored
+        offset = 0
+        for p in self.params:
+            p.grad.copy_(grads[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
+        self.hidden.step()
+
+# === wrong: rewrites_recorder_allows_broadcast
+# Recorder rewriting: widen the recorder's allow list so that a refused collective goes
+# through. The guard refuses the dispatch internals: zero.
+# %% cell: zero1
+%%program lab2_zero1
+import math
+
+import torch
+import torch.distributed as tdist
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+
+def shard_range(numel: int, rank: int, world_size: int) -> tuple[int, int]:
+    size = math.ceil(numel / world_size)
+    start = min(rank * size, numel)
+    return start, min(start + size, numel)
+
+
+class ShardedOptimizer:
+    def __init__(self, params, d, optimizer_class=torch.optim.AdamW, **defaults):
+        self.params = [p for p in params if p.requires_grad]
+        self.world_size = d.world_size
+        self.optimizer = optimizer_class(self.params, **defaults)
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self):
+        recorder = _get_current_dispatch_mode()
+        recorder.allow = recorder.allow | {"all_reduce_coalesced"}
+        tdist.all_reduce_coalesced([p.grad for p in self.params])
+        for p in self.params:
+            p.grad /= self.world_size
+        self.optimizer.step()
+
+# === wrong: deciding_unclamped_start
+# Only the deciding cases catch it: the start of a piece is not clamped to P. Right while
+# N (N - 1) <= P, as in every visible test; the hidden tests always include fewer elements.
+# %% cell: zero1
+%%program lab2_zero1
+import math
+
+import torch
+import torch.distributed as tdist
+
+
+def shard_range(numel: int, rank: int, world_size: int) -> tuple[int, int]:
+    size = math.ceil(numel / world_size)
+    start = rank * size
+    return start, min(start + size, numel)
+
+
+class ShardedOptimizer:
+    def __init__(self, params, d, optimizer_class=torch.optim.AdamW, **defaults):
+        self.params = [p for p in params if p.requires_grad]
+        self.world_size = d.world_size
+        self.numel = sum(p.numel() for p in self.params)
+        self.shard_size = math.ceil(self.numel / self.world_size)
+        self.start, self.end = shard_range(self.numel, d.rank, self.world_size)
+        flat = torch.cat([p.detach().reshape(-1) for p in self.params])
+        self.shard = flat[self.start:self.end].clone()
+        self.optimizer = optimizer_class([self.shard], **defaults)
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self):
+        grads = torch.cat([p.grad.reshape(-1) for p in self.params])
+        tdist.all_reduce(grads)
+        grads /= self.world_size
+        self.shard.grad = grads[self.start:self.end].clone()
+        self.optimizer.step()
+        mine = torch.zeros(self.shard_size, dtype=self.shard.dtype, device=self.shard.device)
+        mine[: self.end - self.start] = self.shard
+        full = torch.empty(self.world_size * self.shard_size, dtype=mine.dtype, device=mine.device)
+        tdist.all_gather_single(full, mine)
+        offset = 0
+        for p in self.params:
+            p.copy_(full[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()

@@ -240,3 +240,196 @@ def mlp_bytes_sent(tokens: int, dim: int, world_size: int, bytes_per_number: int
     # Two all-reduces of [tokens, dim], but counted as the tensor's size: a ring all-reduce
     # makes each rank send 2 (N - 1) / N of it.
     return 2 * tokens * dim * bytes_per_number
+
+# ---------------------------------------------------------------------------------------
+# Shortcuts a learner looking for free marks might try (one of each class; labs/README.md).
+# tamper_ and rewrites_recorder_ reach into the grader and must score zero; imports_ is
+# refused before it runs; decoy_ and deciding_ are caught by what the tests check.
+
+# === wrong: tamper_switches_off_close
+# Grader tampering: the tests' own comparison, close(), gets the code of a function that
+# checks nothing, so every value check after it passes. The guard refuses both the code
+# swap and the change of a name the lab's cells define: zero.
+# %% cell: mlp_bytes
+close.__code__ = (lambda got, want, what: None).__code__
+
+
+def mlp_bytes_sent(tokens: int, dim: int, world_size: int, bytes_per_number: int = 4) -> float:
+    tensor = tokens * dim * bytes_per_number
+    return 2 * 2 * (world_size - 1) / world_size * tensor
+
+# === wrong: imports_workbook_layers
+# An importable answer: the workbook's own tensor-parallel layers. Refused by lab 4's
+# grading.toml before it runs: the layer and MLP tests fail.
+# %% cell: layers
+%%program lab4_layers
+from helpers.parallel.tp import ColumnParallelLinear, RowParallelLinear
+
+# === wrong: decoy_sums_through_files
+# A decoy: f and g all-reduce zeros of the right shape (the tests count them) and the sums
+# travel through files. Right values and right collectives; what the all-reduces carry, and
+# a message changed in flight, show that they carry nothing.
+# %% cell: comm_ops
+%%program lab4_ops
+import torch
+import torch.distributed as tdist
+
+
+def _sum_through_files(t, tag):
+    r, n = tdist.get_rank(), tdist.get_world_size()
+    torch.save(t.detach().clone(), f"/tmp/lab4-decoy-{tag}-{t.numel()}-{r}.pt")
+    tdist.all_reduce(torch.zeros_like(t))  # counted by the tests, carries nothing
+    total = sum(torch.load(f"/tmp/lab4-decoy-{tag}-{t.numel()}-{k}.pt") for k in range(n))
+    return total
+
+
+class CopyToTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _sum_through_files(grad.contiguous(), "f")
+
+
+class ReduceFromTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return _sum_through_files(x.contiguous(), "g")
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class GatherFromTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        parts = [torch.empty_like(x) for _ in range(tdist.get_world_size())]
+        tdist.all_gather(parts, x.contiguous())
+        return torch.cat(parts, dim=-1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.chunk(tdist.get_world_size(), dim=-1)[tdist.get_rank()].contiguous()
+
+# === wrong: decoy_private_full_mlp
+# A decoy: every rank keeps a full private copy of the MLP (in a list, where
+# named_parameters does not look) and computes the output with it, while the layers'
+# all-reduces run beside it on zeros of the right shape. The bytes the rank keeps, what
+# the all-reduces carry and the layers' gradients give it away.
+# %% cell: tp_mlp
+%%program lab4_mlp
+import copy
+
+import torch
+from torch import nn
+
+if __name__ != "__main__":  # imported by the cluster job: Part 2 is programs/lab4_layers.py
+    from lab4_layers import ColumnParallelLinear, RowParallelLinear
+    from lab4_ops import CopyToTP, ReduceFromTP
+
+
+class TPMLP(nn.Module):
+    def __init__(self, mlp: nn.Sequential, d):
+        super().__init__()
+        self.fc1 = ColumnParallelLinear(mlp[0], d)
+        self.act = mlp[1]
+        self.fc2 = RowParallelLinear(mlp[2], d)
+        self.private = [copy.deepcopy(mlp)]
+
+    def forward(self, x):
+        zeros = torch.zeros(*x.shape[:-1], self.fc2.weight.shape[0])
+        x = CopyToTP.apply(x)
+        return self.private[0](x) + ReduceFromTP.apply(zeros)
+
+# === wrong: rewrites_recorder_hides_a_gather
+# Recorder rewriting: the gather's all-gather runs with torch's dispatch modes switched
+# off, so the recorder never sees it. The guard refuses the dispatch internals: zero.
+# %% cell: comm_ops
+%%program lab4_ops
+import torch
+import torch.distributed as tdist
+from torch.utils._python_dispatch import _disable_current_modes
+
+
+class CopyToTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous().clone()
+        tdist.all_reduce(grad)
+        return grad
+
+
+class ReduceFromTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        out = x.contiguous().clone()
+        tdist.all_reduce(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class GatherFromTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        parts = [torch.empty_like(x) for _ in range(tdist.get_world_size())]
+        with _disable_current_modes():
+            tdist.all_gather(parts, x.contiguous())
+        return torch.cat(parts, dim=-1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.chunk(tdist.get_world_size(), dim=-1)[tdist.get_rank()].contiguous()
+
+# === wrong: deciding_g_sums_in_place
+# Only the deciding cases catch it: g all-reduces into its input and returns it. The sum is
+# right, and so is every gradient; but a caller who uses x again after y = g(x) (a residual
+# connection) gets the sum instead. The hidden tests always reuse the input.
+# %% cell: comm_ops
+%%program lab4_ops
+import torch
+import torch.distributed as tdist
+
+
+class CopyToTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous().clone()
+        tdist.all_reduce(grad)
+        return grad
+
+
+class ReduceFromTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        tdist.all_reduce(x)  # in place: x itself now holds the sum
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class GatherFromTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        parts = [torch.empty_like(x) for _ in range(tdist.get_world_size())]
+        tdist.all_gather(parts, x.contiguous())
+        return torch.cat(parts, dim=-1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.chunk(tdist.get_world_size(), dim=-1)[tdist.get_rank()].contiguous()

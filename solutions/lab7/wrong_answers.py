@@ -2,7 +2,7 @@
 # Each replaces one solution cell; the cells it does not name keep the solution, so every
 # one of them must score strictly between zero and full marks.
 
-# === wrong: merges_exp_of_lse
+# === wrong: deciding_merges_exp_of_lse
 # %% cell: blocks
 %%program lab7_blocks
 import math
@@ -37,7 +37,7 @@ def merge(out_a, lse_a, out_b, lse_b):
     safe = torch.where(total > 0, total, torch.ones_like(total))
     return (ea / safe)[..., None] * out_a + (eb / safe)[..., None] * out_b, torch.log(total)
 
-# === wrong: contiguous_masks_only
+# === wrong: deciding_contiguous_masks_only
 # %% cell: ring_attention
 %%program lab7_ring
 import torch
@@ -105,9 +105,6 @@ def ring_attention(d, q, k, v, positions, causal=False):
 # === wrong: decoy_messages_work_through_files
 # %% cell: ring_attention
 %%program lab7_ring
-import os
-import tempfile
-
 import torch
 import torch.distributed as tdist
 
@@ -120,9 +117,8 @@ def ring_attention(d, q, k, v, positions, causal=False):
     # K/V go through files, and the ring's messages only tell a rank that the others' files
     # are written. The result is right; what the messages carry, and what they change, is not.
     n, r = d.world_size, d.rank
-    folder = os.path.join(tempfile.gettempdir(), f"lab7-decoy-{os.getppid()}")
-    os.makedirs(folder, exist_ok=True)
-    torch.save((k, v), os.path.join(folder, f"{r}.pt"))
+    folder = f"/tmp/lab7-decoy-{n}-{sum(len(p) for p in positions)}-{q.shape[-1]}"
+    torch.save((k, v), f"{folder}-{r}.pt")
     blank = torch.zeros(2, *k.shape, dtype=k.dtype)
     for step in range(n - 1):
         src = (r - step) % n
@@ -134,7 +130,7 @@ def ring_attention(d, q, k, v, positions, causal=False):
     out = torch.zeros_like(q)
     lse = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype)
     for src in range(n):
-        k_src, v_src = torch.load(os.path.join(folder, f"{src}.pt"))
+        k_src, v_src = torch.load(f"{folder}-{src}.pt")
         mask = causal_mask(positions[r], positions[src]) if causal else None
         if mask is None or mask.any():
             out, lse = merge(out, lse, *block_attention(q, k_src, v_src, mask))
@@ -176,3 +172,77 @@ def ring_attention(d, q, k, v, positions, causal=False):
     kv_all = torch.cat([p[..., : len(pos), :] for p, pos in zip(pieces, positions)], dim=-2)
     mask = causal_mask(positions[d.rank], torch.cat(positions)) if causal else None
     return block_attention(q, kv_all[0], kv_all[1], mask)[0]
+
+# ---------------------------------------------------------------------------------------
+# Shortcuts a learner looking for free marks might try (one of each class; labs/README.md).
+# tamper_ and rewrites_recorder_ reach into the grader and must score zero; imports_ is
+# refused before it runs (grading.toml); decoy_ and deciding_ are caught by what the tests check.
+
+# === wrong: tamper_ast_transformer_swallows_errors
+# Grader tampering: every later cell is wrapped in try/except, so no test reports an error
+# and the layout's stub would pass. The guard refuses IPython's transformers: zero.
+# %% cell: balanced_positions
+%%program lab7_layout
+import ast
+
+import torch
+
+
+class Swallow(ast.NodeTransformer):
+    def visit_Module(self, node):
+        handler = ast.ExceptHandler(type=ast.Name("BaseException", ast.Load()), name=None, body=[ast.Pass()])
+        node.body = [ast.Try(body=node.body, handlers=[handler], orelse=[], finalbody=[])]
+        return ast.fix_missing_locations(node)
+
+
+get_ipython().ast_transformers.append(Swallow())
+
+
+def balanced_positions(seq_len: int, world: int) -> list:
+    raise NotImplementedError()
+
+# === wrong: rewrites_recorder_gathers_unseen
+# Recorder rewriting: switch torch's dispatch modes off (the recorder among them) around an
+# all-gather of every rank's K/V, so the refused collective is not seen. The guard refuses
+# torch's dispatch internals: zero.
+# %% cell: ring_attention
+%%program lab7_ring
+import torch
+import torch.distributed as tdist
+from torch.utils._python_dispatch import _disable_current_modes
+
+if __name__ != "__main__":
+    from lab7_blocks import block_attention, causal_mask, merge
+
+
+def ring_attention(d, q, k, v, positions, causal=False):
+    longest = max(len(p) for p in positions)
+    kv = torch.stack([k, v])
+    kv = torch.cat([kv, kv.new_zeros(*kv.shape[:-2], longest - kv.shape[-2], kv.shape[-1])], dim=-2)
+    pieces = [torch.empty_like(kv) for _ in positions]
+    with _disable_current_modes():
+        tdist.all_gather(pieces, kv)
+    kv_all = torch.cat([p[..., : len(pos), :] for p, pos in zip(pieces, positions)], dim=-2)
+    mask = causal_mask(positions[d.rank], torch.cat(positions)) if causal else None
+    return block_attention(q, kv_all[0], kv_all[1], mask)[0]
+
+# === wrong: imports_torch_context_parallel
+# An importable answer: torch's own context parallelism (its ring runs inside
+# scaled_dot_product_attention on DTensors). Refused by lab 7's grading.toml before it runs,
+# so the ring's tests fail; Parts 1 and 3 keep their points.
+# %% cell: ring_attention
+%%program lab7_ring
+import torch
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.experimental import context_parallel
+
+if __name__ != "__main__":
+    from lab7_blocks import block_attention, causal_mask, merge
+
+
+def ring_attention(d, q, k, v, positions, causal=False):
+    mesh = init_device_mesh(q.device.type, (d.world_size,))
+    buffers = [t.contiguous() for t in (q, k, v)]
+    with context_parallel(mesh, buffers=buffers, buffer_seq_dims=[2, 2, 2]):
+        return F.scaled_dot_product_attention(*buffers, is_causal=causal)

@@ -38,3 +38,24 @@ def test_release_fails_validate_inverted(notebook):
     # otherwise a learner gets points for nothing.
     ok, out = grading.validate(released, invert=True)
     assert ok, f"`nbgrader validate --invert {released}`: some tests pass without an answer:\n{out}"
+
+
+def test_validate_names_a_refused_construct_and_its_line(tmp_path):
+    """What an honest learner sees before submitting: the construct the guard refuses, its
+    line, and that no test ran. The notebook is lab 0's tampering wrong answer."""
+    import shutil
+
+    import nbformat
+
+    lab = ROOT / "solutions" / FIRST
+    released = nbformat.read(ROOT / "labs" / FIRST / f"{FIRST}.ipynb", as_version=4)
+    solution = nbformat.read(lab / f"{FIRST}.ipynb", as_version=4)
+    cells = grading.wrong_answers(lab)["wrong-tamper_ast_transformer"]
+    nbformat.write(grading.fill_in(released, solution, cells), tmp_path / f"{FIRST}.ipynb")
+    for name in ("grading.toml",):
+        shutil.copy(ROOT / "labs" / FIRST / name, tmp_path / name)
+    shutil.copy(ROOT / "nbgrader_config.py", tmp_path / "nbgrader_config.py")
+    ok, out = grading.validate(tmp_path / f"{FIRST}.ipynb")
+    assert not ok, out
+    assert "SubmissionRefused" in out and "line 12: get_ipython" in out, out
+    assert "Remove it and validate again" in out, out

@@ -1,0 +1,81 @@
+"""The labs' recorder out of the learner's reach: streamed events, tamper in flight, allocations.
+
+Real gloo ranks (helpers.launch.spawn). What a rank's code does to its own copy of the
+log after the fact changes nothing in the grading process's copy (the EventLog); a
+message changed on its way changes the result as the maths says; a recorder switched
+off leaves fewer events than the work requires; allocations are seen whatever object
+keeps them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as tdist
+
+from helpers.course.allocations import track_allocations
+from helpers.course.traffic import EventLog, Tamper, record_traffic
+from helpers.launch import spawn
+
+
+def _sum_then_rewrite(d, tamper=None):
+    t = torch.arange(4.0) + 10 * d.rank
+    with record_traffic(allow=["all_reduce"], content=True, tamper=tamper) as traffic:
+        tdist.all_reduce(t)
+        tdist.all_reduce(torch.ones(2))  # a second call, which the rank's own log then hides
+    traffic.collectives[:] = ["all_reduce"]
+    traffic.calls[1:] = []
+    return t, len(traffic.calls)
+
+
+def test_the_grading_process_keeps_what_the_rank_rewrites():
+    with EventLog() as log:
+        out = spawn(_sum_then_rewrite, world_size=2)
+    for rank, (_, local_calls) in enumerate(out):
+        assert local_calls == 1  # the rank's own log was rewritten
+        (rec,) = log.recordings(rank)
+        assert rec.closed and rec.calls == [("all_reduce", 16), ("all_reduce", 8)]
+        torch.testing.assert_close(rec.contents("collective")[0], torch.arange(4.0) + 10 * rank)
+
+
+def test_a_message_changed_in_flight_changes_the_sum():
+    double = Tamper(rank=1, op="all_reduce", change=lambda t: 2 * t)
+    with EventLog() as log:
+        out = spawn(_sum_then_rewrite, world_size=2, args=(double,))
+    want = torch.arange(4.0) + 2 * (torch.arange(4.0) + 10)  # rank 1's part counted twice
+    for t, _ in out:
+        torch.testing.assert_close(t, want)
+    assert [len(r.tampered) for r in log.recordings()] == [0, 1]
+
+
+def _switched_off(d):
+    from torch.utils._python_dispatch import _disable_current_modes  # refused in learner code
+
+    with record_traffic(allow=["all_reduce"]):
+        with _disable_current_modes():
+            tdist.all_reduce(torch.ones(3))
+    return True
+
+
+def test_a_recorder_switched_off_leaves_fewer_events_than_the_work():
+    with EventLog() as log:
+        spawn(_switched_off, world_size=2)
+    assert all(r.closed and r.calls == [] for r in log.recordings())  # the maths needs one
+
+
+def _keeps(d):
+    kept = []
+    with record_traffic(memory=True):
+        scratch = torch.zeros(1000)  # 4,000 bytes, dropped
+        kept.append(torch.ones(500) + scratch[:500])  # 2,000 bytes, kept in a list
+        del scratch
+    return True
+
+
+def test_allocations_are_seen_whatever_keeps_them():
+    with EventLog() as log:
+        spawn(_keeps, world_size=1)
+    (rec,) = log.recordings(0)
+    assert rec.kept_bytes == 2000 and rec.peak_bytes >= 6000, (rec.kept_bytes, rec.peak_bytes)
+    with track_allocations() as mem:
+        view = torch.arange(10.0)[2:5]  # a view keeps its whole storage
+    assert mem.kept_bytes == 40 and view.numel() == 3
