@@ -34,6 +34,13 @@ scores; Korthikanti et al. 2022 count the same tensors):
     MLP: GELU input, fc2 input    2 s f
                                   = s (8h + 2f + a + 4)   = s (16h + a + 4) for f = 4h
 
+Eager attention (softmax written out, ``GPTBlock(attention="eager")``) keeps its a x s x s
+probabilities instead of the log-sum-exp, and the heads' output is copied back into (s, h)
+for the output projection (the same s h as above): s (16h + a s + 4). The s x s term is why
+long sequences need flash attention: for Llama 2 7B at s = 4096 it is 32 x 4096^2 = 537 M
+values per layer and sequence, 1.07 GB in bf16, more than the 0.63 GB the rest of its block
+keeps (notebook 04 prints both).
+
 With activation checkpointing a block keeps only its input (s h) and recomputes the rest
 during backward, one block at a time: peak = L s h + one block's activations.
 
@@ -59,6 +66,7 @@ __all__ = [
     "activations",
     "count_params",
     "largest_layer",
+    "llama_largest_unit",
     "local_tensor",
     "measure_states",
     "saved_activation_bytes",
@@ -112,6 +120,17 @@ def largest_layer(model: nn.Module) -> int:
     return max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
 
 
+def llama_largest_unit(args) -> int:
+    """Parameters of the largest FSDP unit of a Llama 2 shape (helpers.models.llama2.ModelArgs)
+    wrapped block by block: a decoder block (202 M for 7B), or the embedding or output matrix
+    (vocab x dim: 131 M for 7B) when that is larger."""
+    from helpers.models import llama2
+
+    n = llama2.param_count(args)
+    block = (n - 2 * args.vocab_size * args.dim - args.dim) // args.n_layers
+    return max(block, args.vocab_size * args.dim)
+
+
 def _check(dp: int, stage: int, precision: str, optimizer: str, offload: bool) -> None:
     if stage not in STAGES:
         raise ValueError(f"stage={stage!r}: use 0 (DDP), 1, 2 or 3 (FSDP)")
@@ -157,10 +176,12 @@ def estimate(
                   gathered=gathered, cpu=cpu)  # fmt: skip
 
 
-def block_values(seq: int, hidden: int, heads: int, ffn: int | None = None) -> int:
+def block_values(seq: int, hidden: int, heads: int, ffn: int | None = None,
+                 eager: bool = False) -> int:  # fmt: skip
     """Values one GPTBlock saves for backward, per sample (module docstring)."""
     f = 4 * hidden if ffn is None else ffn
-    return seq * (8 * hidden + 2 * f + heads + 4)
+    attention = heads * seq if eager else heads  # s x s probabilities, or the log-sum-exp
+    return seq * (8 * hidden + 2 * f + attention + 4)
 
 
 def activations(
@@ -172,11 +193,13 @@ def activations(
     checkpoint: bool = False,
     bytes_per_value: int = 4,
     ffn: int | None = None,
+    eager: bool = False,
 ) -> Activations:
-    """Activation bytes of ``layers`` GPTBlocks for ``batch`` samples of ``seq`` tokens."""
+    """Activation bytes of ``layers`` GPTBlocks for ``batch`` samples of ``seq`` tokens
+    (flash attention; ``eager=True``: attention that stores its s x s probabilities)."""
     if min(batch, seq, hidden, heads, layers, bytes_per_value) < 1:
         raise ValueError("batch, seq, hidden, heads, layers and bytes_per_value must be >= 1")
-    one_block = batch * block_values(seq, hidden, heads, ffn) * bytes_per_value
+    one_block = batch * block_values(seq, hidden, heads, ffn, eager) * bytes_per_value
     if not checkpoint:
         full = layers * one_block
         return Activations(stored=full, peak=full)
@@ -185,11 +208,15 @@ def activations(
 
 
 class GPTBlock(nn.Module):
-    """Pre-norm transformer block: x + attn(ln1(x)), then + mlp(ln2(.)). Input (B, S, h)."""
+    """Pre-norm transformer block: x + attn(ln1(x)), then + mlp(ln2(.)). Input (B, S, h).
+    ``attention="flash"``: scaled_dot_product_attention; ``"eager"``: the softmax written
+    out, which keeps the (B, heads, S, S) probabilities for backward."""
 
-    def __init__(self, hidden: int, heads: int, ffn: int | None = None):
+    def __init__(self, hidden: int, heads: int, ffn: int | None = None, attention="flash"):
         super().__init__()
-        self.heads = heads
+        if attention not in ("flash", "eager"):
+            raise ValueError(f"attention={attention!r}: use 'flash' or 'eager'")
+        self.heads, self.attention = heads, attention
         self.ln1, self.ln2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
         self.qkv = nn.Linear(hidden, 3 * hidden)
         self.proj = nn.Linear(hidden, hidden)
@@ -200,8 +227,13 @@ class GPTBlock(nn.Module):
         b, s, h = x.shape
         # (B, S, 3h) -> three (B, heads, S, h/heads) views of one tensor
         q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
-        out = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(out.transpose(1, 2).reshape(b, s, h))  # a view: out is (B, S, heads, .)
+        if self.attention == "flash":
+            out = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # an additive mask saves nothing; softmax saves its output, (B, heads, S, S)
+            mask = torch.full((s, s), float("-inf"), device=x.device).triu(1)
+            scores = q @ k.transpose(-1, -2) / (h // self.heads) ** 0.5 + mask
+            out = scores.softmax(-1) @ v  # (B, heads, S, h/heads): the reshape below copies
+        x = x + self.proj(out.transpose(1, 2).reshape(b, s, h))  # flash: a view (S, heads, .)
         return x + self.fc2(nn.functional.gelu(self.fc1(self.ln2(x))))
 
 

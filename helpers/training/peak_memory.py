@@ -2,63 +2,148 @@
 
     with PeakMemory(device) as mem:
         out = attention(q, k, v)
+        mem.mark("attention done")   # the live bytes at this point, by name
     mem.peak      # bytes: the highest total of the tensors created inside the block
                   # that were alive at the same moment (inputs made before it not counted)
+    mem.held      # bytes of those tensors still alive when the block ended
+    mem.marks     # {"attention done": bytes}
+    mem.reset_peak()   # the peak from now on (one step of several)
 
 On a GPU this is the CUDA caching allocator's own statistic (``max_memory_allocated`` after
 ``reset_peak_memory_stats``, minus what was allocated at the start). On CPU there is no
 such counter, so a TorchDispatchMode watches every operator: each new storage an operator
 returns is added to the live total, and a weak reference's callback subtracts it when the
-storage is freed. It sees tensors, not the scratch memory inside a kernel (a fused attention
-kernel's tiles), so it measures what the Python code materialises: an S x S score matrix
-shows up, a kernel that never builds one does not.
+storage is freed. A storage resized in place (FSDP2 frees a layer's gathered weights by
+resizing their storage to 0, and resizes it back to gather them again) counts at its new
+size. It sees tensors, not the scratch memory inside a kernel (a fused attention kernel's
+tiles), so it measures what the Python code materialises: an S x S score matrix shows up, a
+kernel that never builds one does not. ``trace=True`` (CPU) also keeps (seconds, live
+bytes) after every operator, for a plot of memory through a step.
 """
 
 from __future__ import annotations
 
+import time
 import weakref
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
+from torch.utils.weak import WeakIdKeyDictionary
 
 __all__ = ["PeakMemory"]
 
 
 class _LiveStorages(TorchDispatchMode):
-    def __init__(self):
+    def __init__(self, trace: bool = False):
         super().__init__()
         self.live, self.peak = 0, 0
-        self._refs: dict[int, weakref.ref] = {}  # data_ptr -> weak reference to its storage
+        # keyed by the storage object, not its data_ptr(): every fake tensor's (the dry run's
+        # FakeTensorMode) is 0, and a freed address is soon reused
+        self._sizes = WeakIdKeyDictionary()  # storage -> [bytes now, a real storage?]
+        self.trace: list[tuple[float, int]] | None = [] if trace else None
+        self._t0 = time.perf_counter()
 
-    def _freed(self, key: int, nbytes: int):
-        def callback(_):
-            if self._refs.pop(key, None) is not None:
-                self.live -= nbytes
+    def _add(self, delta: int) -> None:
+        self.live += delta
+        self.peak = max(self.peak, self.live)
+        if self.trace is not None:
+            self.trace.append((time.perf_counter() - self._t0, self.live))
+
+    def _freed(self, entry: list):
+        def callback():
+            self.live -= entry[0]
 
         return callback
 
+    def sweep(self) -> None:
+        """Drop storages whose memory is gone while a Python handle to them survives (FSDP2
+        hands its original parameters' storages to its shards this way): no weak-reference
+        callback ever fires for them."""
+        for storage, entry in list(self._sizes.items()):
+            if not entry[1]:  # a fake tensor's storage has no memory to lose
+                continue
+            try:
+                storage.data_ptr()
+            except RuntimeError:  # "an invalid python storage": its memory was freed
+                self.live -= entry[0]
+                entry[0] = 0
+                del self._sizes[storage]
+
+    def resized(self, storage, nbytes: int) -> None:
+        entry = self._sizes.get(storage)
+        if entry is not None:
+            delta, entry[0] = nbytes - entry[0], nbytes
+            self._add(delta)
+
+    def see(self, t: torch.Tensor) -> None:
+        if is_traceable_wrapper_subclass(t):  # a DTensor: its local tensor holds the memory
+            for name in t.__tensor_flatten__()[0]:
+                inner = getattr(t, name)
+                if isinstance(inner, torch.Tensor):
+                    self.see(inner)
+            return
+        if t.device.type == "meta" or not t.numel():
+            return
+        storage = t.untyped_storage()
+        if storage not in self._sizes:  # a new storage (views and in-place ops reuse one)
+            entry = [storage.nbytes(), not isinstance(t, FakeTensor)]
+            self._sizes[storage] = entry
+            weakref.finalize(storage, self._freed(entry))
+            self._add(entry[0])
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor) and t.device.type != "meta" and t.numel():
-                storage = t.untyped_storage()
-                key = storage.data_ptr()
-                if key not in self._refs:  # a new storage (views and in-place ops reuse one)
-                    nbytes = storage.nbytes()
-                    self._refs[key] = weakref.ref(storage, self._freed(key, nbytes))
-                    self.live += nbytes
-                    self.peak = max(self.peak, self.live)
+        inputs = {id(s) for t in tree_leaves((args, kwargs)) for s in _storages(t)}
+        for t in tree_leaves(out):  # a view or an in-place result of an input is not new memory
+            if isinstance(t, torch.Tensor) and not any(id(s) in inputs for s in _storages(t)):
+                self.see(t)
         return out
 
 
-class PeakMemory:
-    """Context manager: ``.peak`` = bytes of tensors created inside it and alive at once."""
+def _storages(t) -> list:
+    """The storages holding a tensor's data (a DTensor's: its local tensor's)."""
+    if not isinstance(t, torch.Tensor):
+        return []
+    if is_traceable_wrapper_subclass(t):
+        return [s for name in t.__tensor_flatten__()[0] for s in _storages(getattr(t, name))]
+    return [] if t.device.type == "meta" else [t.untyped_storage()]
 
-    def __init__(self, device: torch.device | str = "cpu"):
+
+class PeakMemory:
+    """Context manager: ``.peak`` = bytes of tensors created inside it and alive at once;
+    ``.held`` = those alive at its end; ``.mark(name)`` records the live bytes now."""
+
+    def __init__(self, device: torch.device | str = "cpu", trace: bool = False):
         self.device = torch.device(device)
-        self.peak = 0
+        self.peak = self.held = 0
+        self.marks: dict[str, int] = {}
+        self.trace: list[tuple[float, int]] = []
+        self._want_trace = trace
         self._mode: _LiveStorages | None = None
+        self._resize = None
+
+    def _live(self) -> int:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            return torch.cuda.memory_allocated(self.device) - self._base
+        self._mode.sweep()
+        return self._mode.live
+
+    def mark(self, name: str) -> int:
+        """The bytes alive now (of tensors created inside the block), kept under ``name``."""
+        self.marks[name] = self._live()
+        return self.marks[name]
+
+    def reset_peak(self) -> None:
+        """Start the peak again from what is alive now (to measure one step of several)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            self._mode.sweep()
+            self._mode.peak = self._mode.live
 
     def __enter__(self) -> PeakMemory:
         if self.device.type == "cuda":
@@ -66,14 +151,26 @@ class PeakMemory:
             torch.cuda.reset_peak_memory_stats(self.device)
             self._base = torch.cuda.memory_allocated(self.device)
         else:
-            self._mode = _LiveStorages()
-            self._mode.__enter__()
+            self._mode = mode = _LiveStorages(self._want_trace)
+            self._resize = original = torch.UntypedStorage.resize_
+
+            def resize_(storage, nbytes):
+                result = original(storage, nbytes)
+                mode.resized(storage, nbytes)
+                return result
+
+            torch.UntypedStorage.resize_ = resize_
+            mode.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             self.peak = torch.cuda.max_memory_allocated(self.device) - self._base
+            self.held = torch.cuda.memory_allocated(self.device) - self._base
         else:
             self._mode.__exit__(*exc)
-            self.peak = self._mode.peak
+            self._mode.sweep()
+            torch.UntypedStorage.resize_ = self._resize
+            self.peak, self.held = self._mode.peak, self._mode.live
+            self.trace = self._mode.trace or []

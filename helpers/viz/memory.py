@@ -6,7 +6,7 @@ from __future__ import annotations
 from helpers.viz.common import new_figure
 
 __all__ = ["PARTS", "plot_memory_bars", "plot_estimate_vs_measured", "plot_comm_timeline",
-           "llama_memory", "explorer"]  # fmt: skip
+           "plot_comm_timelines", "plot_stages", "llama_memory", "explorer"]  # fmt: skip
 
 PARTS = {  # what a GPU holds, bottom to top, and its colour
     "params": "#4c72b0",
@@ -54,43 +54,98 @@ def plot_estimate_vs_measured(rows: list[dict], measured_on=None):
     return fig
 
 
-def plot_comm_timeline(events, measured_on=None, title="What FSDP sends, and when (rank 0)"):
-    """events: helpers.parallel.fsdp.CommEvent list -> one row per layer, coloured by kind."""
-    colours = {"all-gather (forward)": "#4c72b0", "all-gather (backward)": "#8172b3",
-               "reduce-scatter": "#dd8452"}  # fmt: skip
+TIMELINE = {"compute (forward)": "#c7c7c7", "compute (backward)": "#8c8c8c",
+            "all-gather (forward)": "#4c72b0", "all-gather (backward)": "#8172b3",
+            "reduce-scatter": "#dd8452"}  # fmt: skip
+
+
+def plot_comm_timeline(events, measured_on=None, title="What FSDP sends, and when (rank 0)",
+                       ax=None):  # fmt: skip
+    """events: helpers.parallel.fsdp.CommEvent list -> one row per layer: its compute (grey)
+    and its collectives (coloured; hatched: an all-gather issued ahead, a prefetch)."""
     layers = list(dict.fromkeys(e.layer for e in events))
-    fig, (ax,) = new_figure(title, measured_on, width=9)
+    fig = None
+    if ax is None:
+        fig, (ax,) = new_figure(title, measured_on, width=9)
     seen = set()
     for e in events:
-        y = layers.index(e.layer)
+        compute = e.kind.startswith("compute")
+        y = layers.index(e.layer) + (0.0 if compute else 0.18)
         label = None if e.kind in seen else e.kind
         seen.add(e.kind)
-        ax.barh(y, e.end - e.start, left=e.start, color=colours[e.kind], label=label, height=0.6)
+        ax.barh(y, e.end - e.start, left=e.start, color=TIMELINE[e.kind], label=label,
+                height=0.34 if compute else 0.3, hatch="///" if e.prefetched else None,
+                edgecolor="white" if e.prefetched else None, lw=0)  # fmt: skip
+    if any(e.prefetched for e in events):
+        ax.barh(
+            [0], [0], color="white", edgecolor="k", hatch="///", label="issued ahead (prefetch)"
+        )
     ax.set_yticks(range(len(layers)), [f"layer {name or 'root'}" for name in layers])
     ax.invert_yaxis()
     ax.set_xlabel("time since the step started (ms)")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))  # outside: bars stay visible
-    fig.subplots_adjust(bottom=0.18, left=0.1, right=0.75)
+    if fig is not None:
+        fig.subplots_adjust(bottom=0.18, left=0.1, right=0.72)
+    return fig or ax.figure
+
+
+def plot_comm_timelines(runs: dict, measured_on=None, title="What FSDP sends, and when"):
+    """runs: {panel title: CommEvent list} -> one timeline panel per run, stacked."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(runs), 1, figsize=(9.5, 2.9 * len(runs)), squeeze=False)
+    fig.suptitle(title)
+    for ax, (name, events) in zip(axes[:, 0], runs.items(), strict=True):
+        plot_comm_timeline(events, ax=ax)
+        ax.set_title(name, fontsize=9, loc="left")
+    if measured_on:
+        fig.text(0.99, 0.005, f"measured on {measured_on}", ha="right", va="bottom", fontsize=8,
+                 color="0.4")  # fmt: skip
+    fig.subplots_adjust(left=0.1, right=0.72, hspace=0.55, bottom=0.1)
+    return fig
+
+
+def plot_stages(rows: list[dict], measured_on=None, unit: float = 1e6, unit_name="MB"):
+    """rows: {"label", "sent" (in units of the model's bytes x (N-1)/N), "paper" (the ZeRO
+    paper's figure, or None), "rest" and "peak" (bytes)} per stage -> two panels."""
+    fig, (left, right) = new_figure("ZeRO stages: what a rank sends per step, and what it holds",
+                                    measured_on, ncols=2, width=5.2)  # fmt: skip
+    labels = [r["label"] for r in rows]
+    x = range(len(rows))
+    left.bar(x, [r["sent"] for r in rows], color="#4c72b0", label="counted")
+    for i, r in enumerate(rows):
+        if r.get("paper") is not None:
+            left.plot([i - 0.4, i + 0.4], [r["paper"]] * 2, "k-", lw=2,
+                      label="ZeRO paper" if i == 0 else None)  # fmt: skip
+    left.set_ylabel("sent per rank and step, in (N-1)/N x model bytes")
+    left.legend(fontsize=8)
+    right.bar([i - 0.2 for i in x], [r["rest"] / unit for r in rows], width=0.4,
+              color="#55a868", label="at rest (between steps)")  # fmt: skip
+    right.bar([i + 0.2 for i in x], [r["peak"] / unit for r in rows], width=0.4,
+              color="#c44e52", label="peak (during the step)")  # fmt: skip
+    right.set_ylabel(f"{unit_name} per rank")
+    right.legend(fontsize=8)
+    for ax in (left, right):
+        ax.set_xticks(list(x), labels, fontsize=8)
+    fig.subplots_adjust(bottom=0.25, wspace=0.35)
     return fig
 
 
 def llama_memory(name: str, dp: int, stage: int, precision: str = "mixed", checkpoint=False,
-                 micro_batch: int = 1, seq: int = 4096, offload=False) -> dict:  # fmt: skip
-    """{part: bytes} per GPU for a Llama 2 shape (helpers.models.llama2.CONFIGS[name])."""
+                 micro_batch: int = 1, seq: int = 4096, offload=False, eager=False) -> dict:  # fmt: skip
+    """{part: bytes} per GPU for a Llama 2 shape (helpers.models.llama2.CONFIGS[name]).
+    ``eager``: attention that stores its s x s probabilities (not flash attention)."""
     from helpers.models import llama2
     from helpers.parallel import memory
 
     args = llama2.CONFIGS[name]
     n = llama2.param_count(args)
-    # FSDP gathers one unit at a time: a whole block, or the embedding / output matrix
-    block = (n - 2 * args.vocab_size * args.dim - args.dim) // args.n_layers
-    largest = max(block, args.vocab_size * args.dim)
     states = memory.estimate(n, dp, stage, precision, offload=offload and stage > 0,
-                             largest=largest)  # fmt: skip
+                             largest=memory.llama_largest_unit(args))  # fmt: skip
     # SwiGLU keeps four ffn-wide tensors where a GELU MLP keeps two: ffn = 2 x ffn_hidden
     acts = memory.activations(micro_batch, seq, args.dim, args.n_heads, args.n_layers,
                               checkpoint=checkpoint, bytes_per_value=2 if precision == "mixed"
-                              else 4, ffn=2 * args.ffn_hidden)  # fmt: skip
+                              else 4, ffn=2 * args.ffn_hidden, eager=eager)  # fmt: skip
     return {**states.as_dict(), "activations": acts.peak}
 
 
@@ -110,11 +165,13 @@ def explorer(budget: float = 80e9):
     mb = W.IntSlider(value=1, min=1, max=16, description="micro-batch", **wide)
     ckpt = W.Checkbox(value=False, description="activation checkpointing", indent=False)
     offload = W.Checkbox(value=False, description="CPU offload (stages 1-3)", indent=False)
+    eager = W.Checkbox(value=False, description="eager attention (keeps the s x s scores)",
+                       indent=False)  # fmt: skip
     verdict = W.HTML()
 
-    def draw(model, dp, precision, ckpt, offload, mb, seq):
+    def draw(model, dp, precision, ckpt, offload, mb, seq, eager):
         bars = {f"ZeRO-{s}" + (" (DDP)" if s == 0 else " (FSDP)" if s == 3 else ""):
-                llama_memory(model, dp, s, precision, ckpt, mb, seq, offload)
+                llama_memory(model, dp, s, precision, ckpt, mb, seq, offload, eager)
                 for s in range(4)}  # fmt: skip
         plot_memory_bars(bars, budget, title=f"Llama 2 {model}, {dp} GPUs, seq {seq}, mb {mb}")
         plt.show()
@@ -124,9 +181,9 @@ def explorer(budget: float = 80e9):
                          "checkpointing or offload, or shorten the micro-batch")  # fmt: skip
 
     controls = dict(model=model, dp=dp, precision=precision, ckpt=ckpt, offload=offload, mb=mb,
-                    seq=seq)  # fmt: skip
+                    seq=seq, eager=eager)  # fmt: skip
     out = W.interactive_output(draw, controls)
-    rows = [W.HBox([model, dp, seq]), W.HBox([precision, mb]), W.HBox([ckpt, offload])]
+    rows = [W.HBox([model, dp, seq]), W.HBox([precision, mb]), W.HBox([ckpt, offload, eager])]
     box = W.VBox([*rows, verdict, out])
     display(box)
     return box

@@ -57,6 +57,26 @@ def test_every_stage_equals_one_process(world):
     assert ref["losses"][-1] < ref["losses"][0]
 
 
+def _sgd(d: Dist, x, y):
+    return {m: zero.run_steps(d, _mlp(x.dtype), x, y, 2, 0.1, m, torch.optim.SGD, momentum=0.9)
+            for m in ("zero1", "fsdp")}  # fmt: skip
+
+
+def test_any_optimizer_class_and_its_settings():
+    x, y = _batch(dtype=torch.float64)
+    ref = zero.run_steps(Dist(), _mlp(torch.float64), x, y, 2, 0.1, "single", torch.optim.SGD,
+                         momentum=0.9)  # fmt: skip
+    adamw = zero.run_steps(Dist(), _mlp(torch.float64), x, y, 2, 0.1, "single")
+    assert not torch.allclose(ref["params"], adamw["params"])  # the class is really used
+    for mode, out in launch.spawn(_sgd, 2, args=(x, y))[0].items():
+        torch.testing.assert_close(out["params"], ref["params"], rtol=1e-9, atol=1e-10,
+                                   msg=lambda m, w=mode: f"{w}: {m}")  # fmt: skip
+        # SGD with momentum keeps one buffer per parameter: 8 bytes a float64 value, over 2 ranks
+        assert out["states"].optimizer == pytest.approx(
+            8 * memory.count_params(_mlp()) / 2, rel=0.3
+        )
+
+
 def _within(measured: float, predicted: float, tol=0.02) -> bool:
     return abs(measured - predicted) <= tol * predicted
 

@@ -106,16 +106,16 @@ def test_bad_input_says_what_to_change():
         M.estimate(-5)
 
 
-def _blocks(hidden=64, heads=4, layers=3):
+def _blocks(hidden=64, heads=4, layers=3, attention="flash"):
     torch.manual_seed(0)
-    return nn.ModuleList(M.GPTBlock(hidden, heads) for _ in range(layers))
+    return nn.ModuleList(M.GPTBlock(hidden, heads, attention=attention) for _ in range(layers))
 
 
-@pytest.mark.parametrize("ckpt", [False, True])
+@pytest.mark.parametrize("ckpt,attention", [(False, "flash"), (True, "flash"), (False, "eager")])
 @pytest.mark.parametrize("shape", [(2, 64, 64, 4), (3, 40, 96, 6)])
-def test_activation_estimate_within_10_percent_of_saved_tensors(ckpt, shape):
+def test_activation_estimate_within_10_percent_of_saved_tensors(ckpt, attention, shape):
     batch, seq, hidden, heads = shape
-    blocks = _blocks(hidden, heads, layers=3)
+    blocks = _blocks(hidden, heads, layers=3, attention=attention)
     x = torch.randn(batch, seq, hidden, requires_grad=True)
 
     def forward(x):
@@ -125,8 +125,23 @@ def test_activation_estimate_within_10_percent_of_saved_tensors(ckpt, shape):
         return x.sum()
 
     measured = M.saved_activation_bytes(forward, x, params=blocks)
-    predicted = M.activations(batch, seq, hidden, heads, layers=3, checkpoint=ckpt).stored
+    predicted = M.activations(batch, seq, hidden, heads, layers=3, checkpoint=ckpt,
+                              eager=attention == "eager").stored  # fmt: skip
     assert abs(measured - predicted) <= 0.10 * predicted, (measured, predicted)
+
+
+def test_eager_attention_keeps_the_s_by_s_probabilities():
+    flash = M.block_values(4096, 4096, 32, ffn=2 * 11008)
+    eager = M.block_values(4096, 4096, 32, ffn=2 * 11008, eager=True)
+    assert eager - flash == 4096 * 32 * (4096 - 1)  # a x s x s instead of a x s (log-sum-exp)
+    with pytest.raises(ValueError, match="use 'flash' or 'eager'"):
+        M.GPTBlock(64, 4, attention="sdpa")
+
+
+def test_llama_7b_largest_fsdp_unit_is_a_decoder_block():
+    args = llama2.CONFIGS["7B"]
+    block = 4 * args.dim * args.dim + 3 * args.dim * args.ffn_hidden + 2 * args.dim
+    assert M.llama_largest_unit(args) == block == 202_383_360 > args.vocab_size * args.dim
 
 
 def test_checkpointing_keeps_one_value_per_token_and_channel_per_layer():
