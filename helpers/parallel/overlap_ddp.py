@@ -48,7 +48,9 @@ class CommEvent:
     """One all-reduce of one backward: what was sent, when it left and when it was done.
 
     Times are ``time.perf_counter()`` seconds. ``done`` is set by a callback when
-    the collective completes (on GPUs: when NCCL's work is complete on its stream).
+    the collective's future completes: with gloo, when the all-reduce has finished.
+    With NCCL the future completes as soon as the work is queued on NCCL's stream, so
+    on GPUs ``done`` says nothing about the transfer: time it with the profiler.
     """
 
     label: str  # the parameter name, or "bucket k"
