@@ -132,7 +132,7 @@ def plot_published_ddp_scaling(efficiency: dict):
     ax.set_xscale("log", base=2)
     ax.set(xlabel="GPUs (fixed batch per GPU)", ylim=(0.5, 1.05),
            ylabel="per-GPU throughput / baseline's")  # fmt: skip
-    ax.legend(fontsize=7, loc="lower left")
+    ax.legend(fontsize=7, loc="lower right")
     fig.text(0.99, 0.01, "data: Goyal et al. 2017 (baseline 8 GPUs); PyTorch benchmarks/distributed/ddp "
              "README; PyTorch issue #17159 (baseline 1 GPU)", ha="right", va="bottom", fontsize=7,
              color="0.4")  # fmt: skip
