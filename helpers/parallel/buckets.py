@@ -25,7 +25,7 @@ import torch
 import torch.distributed as tdist
 from torch import nn
 
-from helpers.dist import Dist
+from helpers.dist import Dist, synchronize
 from helpers.parallel.ddp import wrap
 
 __all__ = ["BucketEvent", "BucketRecorder", "timeline"]
@@ -102,9 +102,10 @@ def timeline(
     order). Returns {"buckets": [{"index", "numel", "params", "launched", "done"}],
     "backward": median seconds of backward with DDP (it ends after the last
     bucket's all_reduce), "backward_no_comm": median seconds of the same backward
-    under no_sync() (no communication at all)}. Times are from the start of backward.
-    On GPUs "launched" is when the CPU handed the bucket to NCCL, which runs it on
-    its own stream while the GPU keeps computing.
+    under no_sync() (no communication at all), "pairs": [(with DDP, no_sync)] of
+    each repeat, run back to back}. Times are from the start of backward.
+    On GPUs "launched" is when the CPU handed the bucket to NCCL, which runs it as
+    a kernel on its own stream, beside the compute kernels (it occupies some SMs).
     """
     net = wrap(model, d, bucket_cap_mb=bucket_cap_mb)
     names = {p.data_ptr(): n for n, p in net.module.named_parameters()}
@@ -118,8 +119,7 @@ def timeline(
         tdist.barrier()  # start the backward passes together
         rec.start()
         loss.backward()
-        if d.device.type == "cuda":  # GPU work is asynchronous: wait for it before timing
-            torch.cuda.synchronize(d.device)
+        synchronize(d.device)  # GPU work is asynchronous: wait for it before reading the clock
         return time.perf_counter() - rec.t0
 
     backward_once()  # bucket rebuild
@@ -140,4 +140,5 @@ def timeline(
         "buckets": buckets,
         "backward": statistics.median(times),
         "backward_no_comm": statistics.median(local),
+        "pairs": list(zip(times, local, strict=True)),
     }

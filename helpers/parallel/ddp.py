@@ -33,6 +33,7 @@ from torch.nn.utils import parameters_to_vector
 from helpers.dist import Dist, is_initialized
 
 __all__ = [
+    "broadcast_state",
     "average_gradients",
     "wrap",
     "flat_params",
@@ -47,6 +48,21 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------- by hand
+
+
+@torch.no_grad()
+def broadcast_state(model: nn.Module, src: int = 0, group=None) -> None:
+    """Copy rank ``src``'s parameters and buffers to every rank (in place).
+
+    Replicas must start equal. Equal seeds usually give equal initial weights,
+    but nothing checks it: another torch version, a different number of threads
+    or a rank that drew one more random number breaks it silently. DDP broadcasts
+    rank 0's state when it wraps a model; averaging by hand must do the same.
+    Buffers (BatchNorm's running statistics) are copied too, but only here:
+    gradient averaging never touches them afterwards.
+    """
+    for t in [*model.parameters(), *model.buffers()]:
+        tdist.broadcast(t.data, src=src, group=group)
 
 
 def average_gradients(model: nn.Module, world_size: int) -> None:
@@ -129,6 +145,8 @@ def sgd_steps(
             )
         # Contiguous equal slices: rank r gets rows [r*B, (r+1)*B) of the global batch.
         x, y = x.chunk(d.world_size)[d.rank], y.chunk(d.world_size)[d.rank]
+    if mode == "manual":
+        broadcast_state(model)  # start from rank 0's weights, whatever each rank drew
     net = wrap(model, d) if mode == "ddp" else model
     opt = torch.optim.SGD(net.parameters(), lr=lr)
     first_grads = None

@@ -12,7 +12,14 @@ Here every rank is one client and the "server" is an all-reduce: each rank
 scales its flattened weights by n_k / n, and one all-reduce (sum) of that vector
 leaves the weighted average on every rank. One round therefore sends exactly the
 bytes of one DDP gradient all-reduce of the same model, which is how the
-notebook compares the two "at equal communication".
+notebook compares the two "at equal communication". Floating-point buffers
+(BatchNorm's running mean and variance) are averaged with the weights: averaging
+gradients never touches them, averaging models must (FedBN keeps them local on
+purpose, for clients whose features differ).
+
+The same periodic averaging runs on clusters as *local SGD*: ``ddp_curve`` with
+``period > 1`` is post-local SGD with torch's ``PostLocalSGDOptimizer`` (DDP for
+``warmup`` steps, then local steps with the models averaged every ``period``).
 
 Client data is split two ways (``split_clients``):
     "iid":        a random shuffle cut into pieces: every client sees every class;
@@ -65,18 +72,20 @@ def split_clients(labels: torch.Tensor, n_clients: int, scheme: str = "iid", see
 
 
 def weighted_average(d: Dist, model: nn.Module, n_samples: int) -> int:
-    """Replace the model's weights by the sample-weighted average over ranks.
+    """Replace the model's weights (and float buffers) by their sample-weighted average over ranks.
 
     One all-reduce of the flattened weights (the server's job), so one round
     costs the same bytes as one DDP gradient all-reduce. Returns sum_k n_k.
     """
-    flat = parameters_to_vector(model.parameters())  # (P,) a copy of this client's weights
+    state = [*model.parameters(), *(b for b in model.buffers() if b.is_floating_point())]
+    flat = parameters_to_vector(state)  # (P,) a copy of this client's weights and statistics
     # the count travels on the weights' device: NCCL takes GPU tensors only
     total = torch.tensor([float(n_samples)], dtype=torch.float64, device=flat.device)
     tdist.all_reduce(total)  # sum_k n_k, known to every rank
     flat.mul_(n_samples / total.item())  # n_k / n * w_k
     tdist.all_reduce(flat)  # sum_k n_k / n * w_k on every rank
-    vector_to_parameters(flat, model.parameters())
+    with torch.no_grad():
+        vector_to_parameters(flat, state)
     return int(total.item())
 
 
@@ -148,23 +157,32 @@ def ddp_curve(
     batch: int,
     eval_at: list[int],
     seed: int = 0,
+    period: int = 1,
+    warmup: int = 0,
 ) -> list[dict]:
     """Data-parallel SGD (torch DDP) on the same clients: one gradient all-reduce per step.
 
     Each rank draws batches of ``batch`` from its own part, cycling through
     reshuffles, so every rank runs the same number of steps (no rank waits in
-    an all-reduce the others never reach). Returns dict(allreduces, acc) at the
-    steps listed in ``eval_at``.
+    an all-reduce the others never reach). Returns dict(step, allreduces, acc) at
+    the steps listed in ``eval_at``; ``allreduces`` counts model-sized all-reduces.
+
+    period > 1: post-local SGD (Lin et al. 2020) with torch's own pieces: DDP's
+    ``post_localSGD_hook`` all-reduces gradients for the first ``warmup`` steps
+    and then none, and ``PostLocalSGDOptimizer`` averages the models every
+    ``period`` steps after them (plain mean, not weighted by sample counts).
     """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.manual_seed(seed)
     net = DDP(make_model())
     opt = torch.optim.SGD(net.parameters(), lr=lr)
+    if period > 1:
+        opt = _post_local_sgd(net, opt, period, warmup)
     mine = parts[d.rank]
     gen = torch.Generator().manual_seed(seed * 1000 + d.rank)
     order = torch.empty(0, dtype=torch.long)
-    rows, want = [], set(eval_at)
+    rows, want, sent = [], set(eval_at), 0
     for step in range(1, steps + 1):
         if len(order) < batch:  # a fresh shuffle of this rank's part
             order = torch.cat([order, mine[torch.randperm(len(mine), generator=gen)]])
@@ -172,7 +190,27 @@ def ddp_curve(
         net.train()
         opt.zero_grad(set_to_none=True)
         F.cross_entropy(net(x[idx]), y[idx]).backward()  # DDP all-reduces the gradients here
-        opt.step()
+        opt.step()  # post-local SGD: and averages the models every `period` steps
+        if period == 1 or step <= warmup:
+            sent += 1  # this step's gradient all-reduce
+        elif (step - 1 - warmup) % period == 0:
+            sent += 1  # PeriodicModelAverager: one all-reduce of the flattened model
         if step in want:
-            rows.append(dict(allreduces=step, acc=accuracy(net.module, x_test, y_test)))
+            rows.append(dict(step=step, allreduces=sent, acc=accuracy(net.module, x_test, y_test)))
     return rows
+
+
+def _post_local_sgd(net, opt, period: int, warmup: int):
+    """torch's post-local SGD: global gradient all-reduces for ``warmup`` steps, then local steps."""
+    from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (
+        PostLocalSGDState,
+        post_localSGD_hook,
+    )
+    from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+    from torch.distributed.optim import PostLocalSGDOptimizer
+
+    # post_local_gradient_allreduce=False: after the warm-up no gradient is sent at all
+    state = PostLocalSGDState(process_group=None, subgroup=None, start_localSGD_iter=warmup,
+                              post_local_gradient_allreduce=False)  # fmt: skip
+    net.register_comm_hook(state, post_localSGD_hook)
+    return PostLocalSGDOptimizer(opt, PeriodicModelAverager(period=period, warmup_steps=warmup))

@@ -16,7 +16,8 @@ per step, test accuracy) and, with ``--checkpoint PATH``, saves the model.
 
 Preemption-safe: with ``--ckpt-dir DIR`` the program checkpoints every
 ``--ckpt-every`` steps (helpers.parallel.checkpoint), resumes by itself from the
-newest checkpoint in DIR, and on SIGUSR1 or SIGTERM (Slurm's warning, a requeue,
+newest checkpoint in DIR (with the same number of ranks: the data position is saved
+in batches per rank), and on SIGUSR1 or SIGTERM (Slurm's warning, a requeue,
 torchrun stopping its ranks) checkpoints at the next step and exits 0 without
 writing metrics. With ``--deterministic true`` a resumed run ends with the same
 parameters, bit for bit, as an uninterrupted one (same world size and threads).
@@ -26,10 +27,11 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import os
 import signal
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 
 import torch
 import torch.distributed as tdist
@@ -38,61 +40,17 @@ from torch import nn
 from helpers import data, dist, models
 from helpers.config import parse
 from helpers.parallel import checkpoint, ddp, fsdp
+from helpers.programs.ddp_config import DDPConfig
 from helpers.runs import write_metrics
 from helpers.training import lr as lr_rules
 from helpers.training.loop import autocast, evaluate, phase
 from helpers.training.resume import NoPreemption, Preemption
 
-
-@dataclass
-class DDPConfig:
-    """Data-parallel training of the workbook CNN (see the module docstring)."""
-
-    # Every field is a command-line option: --batch-size 128 --lr-rule sqrt ...
-
-    dataset: str = field(default="cifar10", metadata={"choices": data.DATASETS})
-    offline: str = field(default="auto", metadata={"choices": ("auto", "true", "false")})
-    data_root: str = ""
-    # offline stand-in sizes (the real datasets are complete); "small": the device-strict check's
-    n_train: int = field(default=8192, metadata={"small": 512})
-    n_test: int = field(default=2000, metadata={"small": 64})
-    epochs: int = field(default=2, metadata={"small": 1})
-    # auto: bf16 autocast on a GPU with native bf16 (weights and gradients stay fp32), none on CPU
-    amp: str = field(default="auto", metadata={"choices": ("auto", "none", "bf16")})
-    max_steps: int = 0  # > 0: stop each epoch after this many steps (benchmarks)
-    batch_size: int = 64  # per rank
-    base_batch: int = 64  # the global batch that --lr was tuned for
-    lr: float = 0.05
-    lr_rule: str = field(default="none", metadata={"choices": lr_rules.LR_RULES})
-    warmup_steps: int = 0
-    momentum: float = 0.9
-    bucket_cap_mb: float = 0.0  # 0: torch's default (25 MiB)
-    # ddp: DistributedDataParallel; manual: average_gradients after backward;
-    # none: no averaging at all (replicas drift apart: the bug to recognise);
-    # fsdp: FSDP2 fully_shard (each rank holds 1/N of the weights; checkpoints are sharded)
-    sync: str = field(default="ddp", metadata={"choices": ("ddp", "manual", "none", "fsdp")})
-    set_epoch: bool = True
-    seed: int = 0
-    checkpoint: str = ""  # rank 0 saves the final model here
-    evaluate: bool = True
-    verbose: bool = True
-    # Preemption safety: checkpoints in ckpt_dir, resume from the newest one there.
-    ckpt_dir: str = ""
-    ckpt_every: int = 0  # steps between checkpoints (0: only on a signal and at the end)
-    keep: int = 2  # newest checkpoints kept
-    deterministic: bool = False  # torch.use_deterministic_algorithms: bit-identical resumes
-    # Fault injection for tests and demos: sleep after each step; the last rank
-    # SIGKILLs itself after step crash_at_step, unless it resumed from a checkpoint.
-    step_delay: float = 0.0
-    crash_at_step: int = 0
+__all__ = ["DDPConfig", "train", "main"]
 
 
 def _evaluate(model: nn.Module, test_ds, d: dist.Dist, batch_size: int = 500) -> float:
-    """Test accuracy: each rank scores test samples rank, rank+W, ...; counts are summed.
-
-    A strided split covers every sample exactly once (no padding, unlike a
-    DistributedSampler with drop_last=False), so the accuracy is exact.
-    """
+    """Test accuracy: rank r scores samples r, r+W, ... (each once: no sampler padding)."""
     from torch.utils.data import DataLoader, Subset
 
     mine = Subset(test_ds, range(d.rank, len(test_ds), d.world_size))
@@ -106,7 +64,7 @@ def train(d: dist.Dist, cfg: DDPConfig) -> dict:
     """
     if cfg.deterministic:
         torch.use_deterministic_algorithms(True)
-    dist.seed_all(cfg.seed)  # same seed on every rank: same data and same initial weights
+    dist.seed_all(cfg.seed)  # same seed on every rank: the same data order
     loader, test_ds, info = _data(d, cfg)
     model = models.create(info.name, num_classes=info.num_classes).to(d.device)
     distributed = dist.is_initialized()
@@ -125,11 +83,10 @@ def train(d: dist.Dist, cfg: DDPConfig) -> dict:
     if log["preempted"]:
         return {"preempted": True, "step": log["step"], "signal": stop.received}
 
-    # One all_reduce for the whole loss curve instead of one per step.
     curve = torch.tensor(log["losses"], dtype=torch.float64, device=d.device)
     timing = torch.tensor([log["elapsed"]], dtype=torch.float64, device=d.device)
     if distributed:
-        tdist.all_reduce(curve)
+        tdist.all_reduce(curve)  # one all_reduce for the whole loss curve, not one per step
         curve /= d.world_size
         tdist.all_reduce(timing, op=tdist.ReduceOp.MAX)  # the slowest rank sets the pace
     replicas = distributed and cfg.sync != "fsdp"
@@ -147,8 +104,7 @@ def train(d: dist.Dist, cfg: DDPConfig) -> dict:
         "final_loss": float(curve[-5:].mean()),  # smoothed over the last steps
         "samples_per_s": global_batch * log["timed_steps"] / max(float(timing[0]), 1e-9),
         "steps": len(log["losses"]),
-        # max |w_rank - w_rank0|: 0.0 when replicas agree
-        # (FSDP keeps one sharded copy: nothing can drift)
+        # max |w_rank - w_rank0|: 0.0 when replicas agree (FSDP has one sharded copy)
         "replica_spread": ddp.replica_spread(model) if replicas else 0.0,
         # Bit-level fingerprint of the final weights: equal digests = identical runs.
         "params_sha256": hashlib.sha256(flat.detach().cpu().numpy().tobytes()).hexdigest(),
@@ -159,7 +115,8 @@ def train(d: dist.Dist, cfg: DDPConfig) -> dict:
     }
     if cfg.evaluate:
         metrics["test_acc"] = _evaluate(model, test_ds, d)
-        dist.print0(f"test accuracy {metrics['test_acc']:.3f}")
+        if cfg.verbose:  # a study of many runs labels its own results
+            dist.print0(f"test accuracy {metrics['test_acc']:.3f}")
     return metrics
 
 
@@ -174,8 +131,10 @@ def _wrap(model: nn.Module, d: dist.Dist, cfg: DDPConfig, distributed: bool) -> 
         # One mesh dimension over all ranks: every layer sharded on dim 0 across them.
         mesh = init_device_mesh(d.device.type, (d.world_size,))
         return fsdp.apply_fsdp(model, mesh)
-    if distributed and cfg.sync == "ddp":
+    if distributed and cfg.sync == "ddp":  # DDP broadcasts rank 0's weights when it wraps
         return ddp.wrap(model, d, bucket_cap_mb=cfg.bucket_cap_mb or None)
+    if distributed:  # by hand: copy rank 0's weights and buffers, whatever each rank drew
+        ddp.broadcast_state(model)
     return model
 
 
@@ -192,8 +151,8 @@ def _data(d: dist.Dist, cfg: DDPConfig):
                               drop_last=True)  # fmt: skip
     if len(loader) == 0:
         raise ValueError(
-            f"{len(train_ds)} training samples make no full batch of {cfg.batch_size} per rank "
-            f"on {d.world_size} rank(s): lower --batch-size or raise --n-train"
+            f"{len(train_ds)} training samples make no full batch of {cfg.batch_size} "
+            f"per rank on {d.world_size} rank(s): lower --batch-size or raise --n-train"
         )
     return loader, test_ds, info
 
@@ -203,6 +162,12 @@ def _resume(d: dist.Dist, cfg: DDPConfig, net, opt, sched) -> checkpoint.Checkpo
     last = checkpoint.latest(cfg.ckpt_dir) if cfg.ckpt_dir else None
     if last is None:
         return None
+    saved = json.loads((last / "meta.json").read_text())["world_size"]
+    if (
+        saved != d.world_size
+    ):  # offsets count this rank's batches: they mean nothing at another size
+        raise ValueError(f"{last} was written by {saved} rank(s) and this run has {d.world_size}: "
+                         f"resume with {saved} rank(s), or start a new --ckpt-dir")  # fmt: skip
     ckpt = checkpoint.load(last, net, opt, d)
     sched.load_state_dict(ckpt.extra["scheduler"])
     dist.print0(f"resuming from {last} (step {ckpt.step})")
@@ -218,11 +183,10 @@ def _save(d, cfg, net, opt, sched, log: dict, position: dict) -> None:
 
 
 def _batches(loader, cfg, epoch: int, ckpt, first: bool):
-    """This epoch's batches from where the run stands, and the position to save with them.
+    """This epoch's batches from where the run stands, and the sampler state to save.
 
-    On the first epoch of a resumed run: the same order as before (sampler epoch
-    or generator state), the batches already done skipped, then the RNG states
-    put back (creating the iterator drew random numbers of its own).
+    Resuming: the same order (sampler epoch or generator state), the batches done
+    skipped, then the RNG states put back (creating the iterator drew numbers).
     """
     resuming = first and ckpt is not None
     gen_state = ckpt.data.get("generator") if resuming else None
@@ -279,8 +243,9 @@ def _train_epochs(d, cfg, loader, net, opt, sched, manual: bool, ckpt, stop) -> 
             if cfg.ckpt_dir and cfg.ckpt_every and log["step"] % cfg.ckpt_every == 0:
                 _save(d, cfg, net, opt, sched, log, position)
         if cfg.verbose and log["losses"]:
-            dist.print0(f"epoch {epoch}: last loss {log['losses'][-1]:.3f}, "
-                        f"lr {log['lrs'][-1]:.3g}")  # fmt: skip
+            dist.print0(
+                f"epoch {epoch}: last loss {log['losses'][-1]:.3f}, lr {log['lrs'][-1]:.3g}"
+            )
     saved = cfg.ckpt_every and log["step"] % cfg.ckpt_every == 0
     if cfg.ckpt_dir and not saved:  # a requeued run that had finished resumes here and stops
         _save(d, cfg, net, opt, sched, log, {"epoch": cfg.epochs, "offset": 0})
@@ -299,8 +264,10 @@ def _inject_faults(d, cfg, step: int, resumed: bool) -> None:
         time.sleep(cfg.step_delay)
     if cfg.crash_at_step == step and d.rank == d.world_size - 1 and not resumed:
         # The wall-clock time lets a test measure how long the others take to stop.
-        print(f"rank {d.rank}: killing myself (SIGKILL) after step {step} at {time.time():.3f}",
-              flush=True)  # fmt: skip
+        print(
+            f"rank {d.rank}: killing myself (SIGKILL) after step {step} at {time.time():.3f}",
+            flush=True,
+        )
         os.kill(os.getpid(), signal.SIGKILL)
 
 

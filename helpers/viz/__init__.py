@@ -19,6 +19,8 @@ from helpers.viz.ddp import (
     plot_bucket_timeline,
     plot_lr_study,
     plot_megatron_weak_scaling,
+    plot_overlap_timeline,
+    plot_published_ddp_scaling,
     plot_scaling,
 )
 from helpers.viz.training import plot_profile, plot_samples, plot_training
@@ -32,6 +34,8 @@ __all__ = [
     "plot_launch_times",
     "plot_lr_study",
     "plot_megatron_weak_scaling",
+    "plot_overlap_timeline",
+    "plot_published_ddp_scaling",
     "plot_prediction",
     "plot_profile",
     "plot_ps_vs_ring",

@@ -5,30 +5,86 @@ from __future__ import annotations
 from helpers.viz.common import new_figure
 
 
-def plot_bucket_timeline(timelines: dict, measured_on: str):
-    """DDP buckets inside one backward pass, one row per bucket size.
+def _stacked(title: str, measured_on: str | None, rows: list[int], width: float = 9.0):
+    """Panels stacked vertically (one per entry of ``rows``, height by its row count), shared x."""
+    import matplotlib.pyplot as plt
 
-    timelines: {label: helpers.buckets.timeline(...) result}. Grey: backward
-    without communication (no_sync); coloured: each bucket's all_reduce from
-    launch to completion; black tick: when backward returned with DDP.
+    fig, axes = plt.subplots(len(rows), 1, sharex=True, squeeze=False,
+                             figsize=(width, 0.9 + 0.24 * sum(rows) + 0.35 * len(rows)),
+                             gridspec_kw={"height_ratios": [max(r, 1) for r in rows]})  # fmt: skip
+    fig.suptitle(title)
+    if measured_on:
+        fig.text(0.99, 0.005, f"measured on {measured_on}", ha="right", va="bottom", fontsize=8,
+                 color="0.4")  # fmt: skip
+    return fig, [a[0] for a in axes]
+
+
+def _rows(ax, spans: list, events: list, title: str) -> None:
+    """Compute spans (label, start s, end s, colour) on top, then one row per all-reduce."""
+    labels = []
+    for row, (label, start, end, color) in enumerate(spans):
+        ax.barh(row, (end - start) * 1e3, left=start * 1e3, height=0.7, color=color)
+        labels.append(label)
+    for k, e in enumerate(events):
+        row = len(spans) + k
+        ax.barh(row, max(e["done"] - e["launched"], 1e-5) * 1e3, left=e["launched"] * 1e3,
+                height=0.7, color=f"C{k % 10}", edgecolor="k", linewidth=0.4)  # fmt: skip
+        labels.append(f"{e['label']} ({4 * e['numel'] / 1024:.1f} KiB)")
+    ax.set_yticks(range(len(labels)), labels, fontsize=7)
+    ax.set_ylim(len(labels) - 0.5, -0.5)  # first row on top
+    ax.set_title(title, fontsize=9, loc="left")
+
+
+def plot_bucket_timeline(timelines: dict, measured_on: str):
+    """DDP's buckets inside one backward pass: one panel per cap, one row per bucket.
+
+    timelines: {label: helpers.parallel.buckets.timeline(...) result}. Grey rows:
+    backward without communication (no_sync) and with DDP (it returns when the last
+    bucket is averaged); coloured rows: each bucket's all-reduce from launch to done.
     """
-    fig, (ax,) = new_figure("DDP buckets during backward", measured_on, width=8.5)
-    labels = list(timelines)
-    for row, label in enumerate(labels):
-        t = timelines[label]
-        ax.barh(row, t["backward_no_comm"] * 1e3, height=0.7, color="0.85",
-                label="backward compute (no_sync)" if row == 0 else None)  # fmt: skip
-        for b in t["buckets"]:
-            ax.barh(row, (b["done"] - b["launched"]) * 1e3, left=b["launched"] * 1e3, height=0.35,
-                    color=f"C{b['index'] % 10}", edgecolor="k", linewidth=0.5)  # fmt: skip
-            ax.text(b["launched"] * 1e3, row + 0.22, f"b{b['index']}", fontsize=7, va="bottom")
-        ax.plot([t["backward"] * 1e3] * 2, [row - 0.4, row + 0.4], color="k", lw=2,
-                label="backward returns (DDP)" if row == 0 else None)  # fmt: skip
-    ax.set_yticks(range(len(labels)), labels)
-    ax.set_xlabel("ms since backward started (median of repeats)")
-    ax.legend(loc="lower right", fontsize=8)
+    fig, axes = _stacked("DDP buckets during backward (median of repeats)", measured_on,
+                         [2 + len(t["buckets"]) for t in timelines.values()])  # fmt: skip
+    for ax, (label, t) in zip(axes, timelines.items(), strict=True):
+        spans = [("backward, no_sync", 0.0, t["backward_no_comm"], "0.8"),
+                 ("backward with DDP", 0.0, t["backward"], "0.55")]  # fmt: skip
+        rows = [{**b, "label": f"bucket {b['index']}"} for b in t["buckets"]]
+        _rows(ax, spans, rows, f"bucket_cap_mb = {label}: {len(rows)} bucket(s)")
+    axes[-1].set_xlabel("ms since backward started")
     fig.tight_layout()
     return fig
+
+
+def plot_overlap_timeline(results: dict, measured_on: str):
+    """One training step per way of averaging: its phases, then every all-reduce.
+
+    results: helpers.parallel.ddp_timeline.measure(...). Each panel is the route's
+    median step (one real step, so its bars belong together); the first panel is
+    the step without any communication, the compute alone. The red line is when the
+    gradients were averaged on this rank.
+    """
+    fig, axes = _stacked("What is in flight during one step (each route's median step)",
+                         measured_on, [3 + len(r["events"]) for r in results.values()])  # fmt: skip
+    for ax, (route, r) in zip(axes, results.items(), strict=True):
+        t = r["typical"]
+        spans = [("forward", 0.0, t["forward"], "0.75"),
+                 ("backward", t["forward"], t["backward"], "0.5"),
+                 ("wait, then step", t["backward"], t["step"], "0.85")]  # fmt: skip
+        _rows(ax, spans, r["events"],
+              f"{route}: {len(r['events'])} all-reduce(s), step {1e3 * t['step']:.1f} ms")  # fmt: skip
+        if r["events"]:
+            ax.axvline(1e3 * t["synced"], color="C3", lw=1)
+    axes[-1].set_xlabel("ms since the step started (rank 0)")
+    fig.tight_layout(rect=(0, 0.01, 1, 0.985))
+    fig.legend(handles=[_legend_line("C3", "gradients averaged on this rank")], loc="upper right",
+               fontsize=7, frameon=False)  # fmt: skip
+    return fig
+
+
+def _legend_line(color: str, label: str):
+    """A legend entry: a short line of ``color``."""
+    from matplotlib.lines import Line2D
+
+    return Line2D([], [], color=color, lw=1, label=label)
 
 
 def plot_lr_study(runs: dict, epochs: int, measured_on: str):
@@ -59,36 +115,64 @@ def plot_lr_study(runs: dict, epochs: int, measured_on: str):
     return fig
 
 
-def plot_megatron_weak_scaling(table: list[dict]):
-    """Seed 000's Megatron-LM table (Narayanan et al., SC 2021): real-cluster weak scaling.
+def plot_published_ddp_scaling(efficiency: dict):
+    """Published data-parallel weak scaling: efficiency against GPUs, one line per source.
 
-    table rows: dict(gpus, params_b, tflops_per_gpu, peak_pct, pflops). Left: aggregate
-    PFLOP/s against GPUs with the ideal (the first row x GPUs / its GPUs); right:
-    TFLOP/s per GPU, which weak scaling keeps flat.
+    efficiency: {label: {gpus: per-GPU throughput / the source's own baseline}}. The data
+    are as published (Goyal et al. 2017; PyTorch's DDP benchmark; PyTorch issue #17159).
+    """
+    fig, (ax,) = new_figure("Data-parallel weak scaling on GPU clusters (published data, "
+                            "not measured here)", None, width=8.5)  # fmt: skip
+    for i, (label, pts) in enumerate(efficiency.items()):
+        g = sorted(pts)
+        ax.plot(g, [pts[k] for k in g], "o-", color=f"C{i}", label=label)
+    ax.axhline(1.0, color="0.5", ls="--", lw=0.8)
+    ax.axvline(8.5, color="0.6", ls=":", lw=1)
+    ax.text(9, 0.52, "more than one\n8-GPU machine", fontsize=7, color="0.4")
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="GPUs (fixed batch per GPU)", ylim=(0.5, 1.05),
+           ylabel="per-GPU throughput / baseline's")  # fmt: skip
+    ax.legend(fontsize=7, loc="lower right")
+    fig.text(0.99, 0.01, "data: Goyal et al. 2017 (baseline 8 GPUs); PyTorch benchmarks/distributed/ddp "
+             "README; PyTorch issue #17159 (baseline 1 GPU)", ha="right", va="bottom", fontsize=7,
+             color="0.4")  # fmt: skip
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    return fig
+
+
+def plot_megatron_weak_scaling(table: list[dict]):
+    """Narayanan et al. (SC 2021), Table 1: 3-D parallelism (tensor x pipeline x data), published.
+
+    table rows: dict(gpus, params_b, dp, tflops_per_gpu, peak_pct, pflops). Left: aggregate
+    PFLOP/s against GPUs with the ideal (the first row x GPUs / its GPUs), each point
+    labelled with its data-parallel degree; right: TFLOP/s per GPU.
     """
     import numpy as np
 
     fig, (ax_a, ax_g) = new_figure(
-        "Megatron-LM on A100 GPUs (published data, not measured here)", None, ncols=2
+        "Megatron-LM GPT runs, 3-D parallelism on A100 GPUs (published data, not measured here)",
+        None,
+        ncols=2,
     )
-    fig.text(0.99, 0.01, "data: Narayanan et al. 2021, Selene cluster (DGX A100, InfiniBand)",
-             ha="right", va="bottom", fontsize=8, color="0.4")  # fmt: skip
+    fig.text(0.99, 0.01, "data: Narayanan et al. 2021, Table 1; Selene (DGX A100, NVLink + NVSwitch, "
+             "8 x 200 Gb/s HDR InfiniBand per node)", ha="right", va="bottom", fontsize=8,
+             color="0.4")  # fmt: skip
     g = np.array([r["gpus"] for r in table], dtype=float)
     agg = np.array([r["pflops"] for r in table])
     per = np.array([r["tflops_per_gpu"] for r in table])
     ax_a.loglog(g, agg, "o-", label="measured by the authors")
     ax_a.loglog(g, agg[0] * g / g[0], "--", color="0.5", label="ideal: N x the 32-GPU rate")
     for r in table[:: max(1, len(table) // 5)]:
-        ax_a.annotate(f"{r['params_b']:g}B", (r["gpus"], r["pflops"]), fontsize=7,
-                      xytext=(4, -10), textcoords="offset points")  # fmt: skip
-    ax_a.set(xlabel="GPUs", ylabel="aggregate PFLOP/s")
+        ax_a.annotate(f"{r['params_b']:g}B, dp={r.get('dp', '?')}", (r["gpus"], r["pflops"]),
+                      fontsize=7, xytext=(4, -10), textcoords="offset points")  # fmt: skip
+    ax_a.set(xlabel="GPUs (the model grows with them)", ylabel="aggregate PFLOP/s")
     ax_a.legend(fontsize=8)
     ax_g.semilogx(g, per, "o-", color="C2")
     ax_g.set_ylim(0, 330)
     ax_g.axhline(312, color="0.5", ls=":", lw=1)
     ax_g.text(g[0], 300, "A100 bf16 peak: 312 TFLOP/s", fontsize=7, va="top")
-    ax_g.set(xlabel="GPUs (model grows with them)", ylabel="TFLOP/s per GPU")
-    fig.tight_layout()
+    ax_g.set(xlabel="GPUs (tensor x pipeline x data)", ylabel="TFLOP/s per GPU")
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     return fig
 
 

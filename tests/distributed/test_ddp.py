@@ -141,3 +141,17 @@ def test_training_program_under_torchrun_reports_metrics():
     assert (m["world_size"], m["global_batch"], m["steps"]) == (2, 32, 4)
     assert m["replica_spread"] == 0.0
     assert 0.0 <= m["test_acc"] <= 1.0 and m["samples_per_s"] > 0
+
+
+def test_resume_refuses_a_checkpoint_written_by_another_number_of_ranks(tmp_path):
+    # The data position is counted in this rank's batches: it means nothing at another size.
+    import json
+
+    from helpers.programs import train_ddp
+
+    step = tmp_path / "step-00000004"
+    step.mkdir()
+    (step / "meta.json").write_text(json.dumps({"step": 4, "world_size": 4}))
+    cfg = DDPConfig(ckpt_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="written by 4 rank"):
+        train_ddp._resume(Dist(), cfg, None, None, None)

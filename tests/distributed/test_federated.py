@@ -67,3 +67,39 @@ def test_split_clients_schemes():
         federated.split_clients(y, 4, "dirichlet")
     with pytest.raises(ValueError, match="n_clients"):
         federated.split_clients(y, 11, "iid")
+
+
+def _average_with_buffers(d, counts):
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3))
+    with torch.no_grad():
+        model[1].running_mean.fill_(float(d.rank + 1))  # client k's statistics are all k + 1
+    federated.weighted_average(d, model, counts[d.rank])
+    return model[1].running_mean.clone(), model[1].num_batches_tracked.clone()
+
+
+def test_weighted_average_averages_batchnorm_statistics_too():
+    counts = [10, 30]
+    out = launch.spawn(_average_with_buffers, world_size=2, args=(counts,))
+    want = (10 * 1.0 + 30 * 2.0) / 40
+    for running_mean, tracked in out:
+        torch.testing.assert_close(running_mean, torch.full((3,), want))
+        assert tracked.item() == 0  # integer buffers are left alone
+
+
+def _local_sgd(d, x, y, parts):
+    def make():
+        return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3))
+
+    return federated.ddp_curve(d, make, x, y, parts, x, y, steps=11, lr=0.1, batch=4,
+                               eval_at=[3, 4, 8, 11], seed=0, period=4, warmup=3)  # fmt: skip
+
+
+def test_post_local_sgd_sends_gradients_during_warmup_then_averages_models_every_period():
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(40, 1, 2, 2, generator=g), torch.randint(0, 3, (40,), generator=g)
+    parts = [torch.arange(0, 20), torch.arange(20, 40)]
+    out = launch.spawn(_local_sgd, world_size=2, args=(x, y, parts))
+    # 3 warm-up steps with a gradient all-reduce each; models averaged after steps 4 and 8
+    assert [r["allreduces"] for r in out[0]] == [3, 4, 5, 5]
+    acc = [[r["acc"] for r in rank] for rank in out]
+    assert acc[0][:3] == acc[1][:3], "replicas are equal right after DDP steps and averaging"

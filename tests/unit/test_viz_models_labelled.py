@@ -42,3 +42,10 @@ def test_megatron_plot_is_published_data_not_a_local_measurement():
     text = _texts(viz.plot_megatron_weak_scaling(table))
     assert "published data" in text and "Narayanan" in text
     assert "measured on" not in text
+
+
+def test_published_ddp_scaling_names_its_sources_and_is_not_measured_here():
+    eff = {"ResNet-50, PyTorch DDP benchmark": {1: 1.0, 16: 0.93}, "Goyal": {8: 1.0, 352: 0.89}}
+    text = _texts(viz.plot_published_ddp_scaling(eff))
+    assert "published data" in text and "Goyal et al. 2017" in text and "#17159" in text
+    assert "measured on" not in text
