@@ -18,6 +18,13 @@ the profiler in the kernel for the length of a profile:
     TORCH_LOGS=-torch.utils.cpp_extension   (no NVIDIA GPU here) "No CUDA runtime is found,
                          using CUDA_HOME=..." when DeepSpeed builds its CPU operators on a machine
                          with a CUDA toolkit and no GPU, where CUDA plays no part.
+    PYTHONWARNINGS       two FutureWarnings by their exact text: torch 2.14 renamed
+                         ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` (``*_single``),
+                         and DeepSpeed still calls the old names in its ZeRO stages. torch
+                         attributes the warning to its own logging wrapper whatever the caller,
+                         so no filter can tell DeepSpeed's calls from a learner's: these two
+                         renames (which notebook 02 teaches) are dropped, every other
+                         FutureWarning stays.
 
 What a learner should see stays: warnings from their own code, FutureWarnings (a deprecated
 call in the workbook is a bug to fix, not to hide), every error. A value the user has set is
@@ -40,6 +47,13 @@ _NO_GPU_RECORDS = {
 }
 
 
+# PYTHONWARNINGS entries: action:message (the start of the text, literally):category
+_RENAMED_COLLECTIVES = ",".join(
+    f"ignore:`torch.distributed.{name}` is deprecated:FutureWarning"
+    for name in ("all_gather_into_tensor", "reduce_scatter_tensor")
+)
+
+
 def has_nvidia_gpu() -> bool:
     """Whether this machine has an NVIDIA driver's device files, without touching CUDA.
 
@@ -52,7 +66,7 @@ def has_nvidia_gpu() -> bool:
 def rank_environment(environ: dict | None = None) -> dict[str, str]:
     """The variables to add for ranks started on this machine (only those not set already)."""
     env = os.environ if environ is None else environ
-    out = {"KINETO_LOG_LEVEL": "6"}
+    out = {"KINETO_LOG_LEVEL": "6", "PYTHONWARNINGS": _RENAMED_COLLECTIVES}
     if not has_nvidia_gpu():
         out["DS_ACCELERATOR"] = "cpu"
         out["TORCH_LOGS"] = "-torch.utils.cpp_extension"
