@@ -144,7 +144,7 @@ def plot_published(vs_ranks: dict, sweep: dict, sweep_model, b200: dict):
     ax.plot(r, vs_ranks["ps_model_GBps"], ":", color="C1", label="model: parameter server")
     ax.set(title=f"{vs_ranks['gpu']}, {vs_ranks['bytes'] / 2**30:g} GiB", xlabel="GPUs",
            ylabel="bus bandwidth (GB/s)", xticks=r, ylim=(0, 560))  # fmt: skip
-    ax.legend(fontsize=7, loc="lower left")
+    ax.legend(fontsize=7, loc="center left")
     ax = axes[1]
     ax.plot(sweep["bytes"], sweep["busbw_GBps"], "o", ls="none", color="C0",
             label=f"published: {sweep['label']}")  # fmt: skip
