@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from helpers.cluster.following import Following
-from helpers.cluster.jobscript import PORT_BASE, JobSpec, check_job_name, render
+from helpers.cluster.jobscript import PORT_BASE, JobSpec, check_job_name, render, sbatch_value
 from helpers.cluster.modules import sibling_imports
 from helpers.cluster.profiles import ProfileError, load_profile
 from helpers.cluster.slurmcli import (
@@ -102,7 +102,10 @@ class Job(Following):
     # ------------------------------------------------------------------ files
     def _render(self) -> str:
         """The script: paths relative to the run directory, which sbatch runs it from."""
-        spec = JobSpec(
+        return render(self._spec())
+
+    def _spec(self) -> JobSpec:
+        return JobSpec(
             name=self.name,
             profile=self._profile,
             values=self._values,
@@ -118,7 +121,6 @@ class Job(Following):
             requeue=self.requeue,
             launcher=self.launcher,
         )
-        return render(spec)
 
     @property
     def _record_path(self) -> Path:
@@ -172,8 +174,7 @@ class Job(Following):
     def manifest(self) -> dict:
         """What a checker needs to know of this job, without parsing its script."""
         facts = self._profile.facts(self._values)
-        mem = next((self._profile.fill(d.value, self._values, quote=False)
-                    for d in self._profile.directives if d.flag == "--mem"), "")  # fmt: skip
+        mem = sbatch_value(self._spec(), "--mem")
         return {
             "name": self.name, "profile": self.profile, "values": self._values,
             "nodes": self.nodes, "gpus_per_node": self.gpus_per_node, "time": self.time,

@@ -41,6 +41,8 @@ __all__ = [
     "check_signal",
     "templates_dir",
     "PORT_BASE",
+    "directive_value",
+    "sbatch_value",
 ]
 
 PORT_BASE = 29500  # rendezvous port = PORT_BASE + job id % 20000
@@ -164,13 +166,40 @@ def _directives(spec: JobSpec) -> list[dict]:
         lines.append(("--requeue", "back to the queue after a preemption or a node failure"))
         lines.append(("--open-mode=append", "a requeued run appends to slurm-%j.out"))
     for d in p.directives:
-        value = p.fill(d.value, spec.values, quote=False)
-        lines.append((f"{d.flag}={value}" if value else d.flag, d.why))
+        value, why = directive_value(spec, d)
+        lines.append((f"{d.flag}={value}" if value else d.flag, why))
     for text, _ in lines:
         if not re.fullmatch(r"--[a-z-]+(=[A-Za-z0-9_.@+:,/%=-]+)?", text):
             raise ProfileError(f"profile {p.name!r} produced an unsafe #SBATCH line: {text!r}")
     width = max(len(t) for t, _ in lines) + 2
     return [{"text": t, "why": w, "pad": width - len(t)} for t, w in lines]
+
+
+def directive_value(spec: JobSpec, d) -> tuple[str, str]:
+    """(value, why) of a profile directive for this job: filled, scaled by the GPUs of a node
+    when ``per_gpu``, or the ``partial_node`` value when one node runs at most its max_gpus."""
+    part = d.partial_node
+    if part and spec.nodes == 1 and spec.gpus_per_node <= part["max_gpus"]:
+        template, why = str(part["value"]), part.get("why", d.why)
+    else:
+        template, why = d.value, d.why
+    value = spec.profile.fill(template, spec.values, quote=False)
+    if d.per_gpu:
+        m = re.fullmatch(r"(\d+)([KMGT]B?)", value)
+        if not m:
+            raise ProfileError(
+                f"profile {spec.profile.name!r}: {d.flag} is per GPU, so its value must be a "
+                f"whole number and a unit such as 20GB or 512M, not {value!r}"
+            )
+        value = f"{int(m.group(1)) * spec.gpus_per_node}{m.group(2)}"
+    return value, why
+
+
+def sbatch_value(spec: JobSpec, flag: str) -> str:
+    """The value a profile directive gets in this job's script ('' if the profile has none)."""
+    return next(
+        (directive_value(spec, d)[0] for d in spec.profile.directives if d.flag == flag), ""
+    )
 
 
 def launch_command(spec: JobSpec) -> str:

@@ -17,6 +17,11 @@ for, which ``#SBATCH`` lines every job needs, and how to set up the software::
     help = "NERSC project to charge, e.g. m1234_g"
     env = "WORKBOOK_ACCOUNT"
 
+A directive may scale with the GPUs a node runs (``per_gpu = true``: ``--mem`` of
+``{mem_per_gpu}``, 20GB, becomes 80GB for 4 GPUs), and may change for a job that uses
+part of one node (a ``[directive.partial_node]`` table with ``max_gpus``, ``value`` and
+``why``: Perlmutter's shared QOS for 1 or 2 of a node's 4 GPUs).
+
 ``{field}`` placeholders are filled from, in order: values passed by the caller,
 the field's environment variable, its ``default``, or an ``auto`` value taken
 from the running interpreter (``python_bin``, ``workbook``). A field with none
@@ -77,6 +82,8 @@ class Directive:
     flag: str
     value: str
     why: str = ""
+    per_gpu: bool = False  # the value is per GPU: multiplied by the GPUs of a node
+    partial_node: dict = field(default_factory=dict)  # {max_gpus, value, why} for part of a node
 
 
 @dataclass(frozen=True)
@@ -198,6 +205,21 @@ class Profile:
         return _PLACEHOLDER.sub(sub, template)
 
 
+def _directive(d: dict, path: Path) -> Directive:
+    if not str(d.get("flag", "")).startswith("-"):
+        raise ProfileError(f"{path}: every [[directive]] needs a flag like '--partition'")
+    part = dict(d.get("partial_node", {}))
+    if part and (
+        set(part) - {"max_gpus", "value", "why"} or not isinstance(part.get("max_gpus"), int)
+    ):
+        raise ProfileError(
+            f"{path}: [directive.partial_node] of {d['flag']} takes max_gpus (a whole number), "
+            f"value and why; found {sorted(part)}"
+        )
+    return Directive(d["flag"], str(d.get("value", "")), d.get("why", ""),
+                     per_gpu=bool(d.get("per_gpu", False)), partial_node=part)  # fmt: skip
+
+
 def load_profile(name: str) -> Profile:
     """Read ``slurm/profiles/NAME.toml``; an unknown name lists the known ones."""
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", name):
@@ -223,11 +245,7 @@ def load_profile(name: str) -> Profile:
                 f"{path}: [variant.{key}.*] must name a field of the profile and set only "
                 f"{', '.join(_FACTS)} (found {sorted(bad) or key!r})"
             )
-    directives = []
-    for d in raw.get("directive", []):
-        if not str(d.get("flag", "")).startswith("-"):
-            raise ProfileError(f"{path}: every [[directive]] needs a flag like '--partition'")
-        directives.append(Directive(d["flag"], str(d.get("value", "")), d.get("why", "")))
+    directives = [_directive(d, path) for d in raw.get("directive", [])]
     return Profile(
         name=raw["name"],
         description=raw.get("description", ""),

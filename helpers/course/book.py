@@ -89,6 +89,26 @@ def _strip_ansi(text: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", text)
 
 
+def ipc_kernel_manager():
+    """A kernel manager whose kernels talk over Unix domain sockets, on POSIX; else None.
+
+    Over the default TCP transport ipykernel warns, once per notebook, that the kernel "is
+    running over TCP without encryption": true, and nothing a learner can act on. Over IPC
+    no port is opened at all, so the warning has no cause left.
+    """
+    if os.name != "posix":
+        return None
+    from jupyter_client.manager import AsyncKernelManager
+    from traitlets import default
+
+    class IpcKernelManager(AsyncKernelManager):
+        @default("transport")
+        def _ipc(self) -> str:
+            return "ipc"
+
+    return IpcKernelManager
+
+
 def execute(
     notebook: Path,
     output: Path,
@@ -123,6 +143,7 @@ def execute(
             cwd=str(src.parent),
             progress_bar=False,
             execution_timeout=cell_timeout,
+            **({"kernel_manager_class": km} if (km := ipc_kernel_manager()) else {}),
         )
     except Exception as exc:  # a failing cell is a result to report, not a crash
         return Executed(name, False, time.perf_counter() - start, output, _describe(exc))

@@ -17,6 +17,7 @@ notebook cell in about a second.
 
 from __future__ import annotations
 
+from helpers.launch.quiet import quiet_kernel
 from helpers.launch.results import PEER_ERROR, RankFailure, RunResult
 from helpers.launch.spawn import spawn, warm_up
 from helpers.launch.torchrun import (
@@ -41,3 +42,5 @@ __all__ = [
     "warm_up",
     "workbook_pythonpath",
 ]
+
+quiet_kernel()  # library messages that say nothing to a learner (helpers.launch.quiet)

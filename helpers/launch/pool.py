@@ -34,6 +34,7 @@ import time
 
 from helpers.launch.framing import HELLO, recv, send
 from helpers.launch.procs import package_pythonpath
+from helpers.launch.quiet import rank_environment
 from helpers.launch.results import RankFailure
 from helpers.launch.spawnjob import SpawnJob, loads_or_none
 
@@ -258,7 +259,7 @@ def _request(job_id, sock, world_size, port, threads, backend, timeout, payload)
         timeout=timeout,
         payload=payload,
         cwd=os.getcwd(),
-        env=dict(os.environ),
+        env={**os.environ, **rank_environment()},  # library noise off (launch.quiet)
         path=list(sys.path),
         # Source of notebook cells (not files on disk), so tracebacks show the lines.
         sources={k: v for k, v in linecache.cache.items() if len(v) == 4 and v[1] is None},

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from helpers import runs
+from helpers.launch.quiet import rank_environment
 from helpers.launch.results import RunResult
 from helpers.launch.supervise import supervise
 
@@ -159,6 +160,7 @@ def run(
         runs.METRICS_ENV: str(run_dir / "metrics.json"),
         "PYTHONPATH": workbook_pythonpath(os.environ.get("PYTHONPATH")),
         "PYTHONUNBUFFERED": "1",  # ranks write to files: without this prints arrive at exit
+        **rank_environment(),  # library noise off (helpers.launch.quiet)
         **(env or {}),
     }
     (run_dir / "command.txt").write_text(

@@ -13,6 +13,7 @@ notebook is training. On a GPU they synchronise before reading the clock
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import time
@@ -107,6 +108,21 @@ class ProfileSummary:
     steps: int
 
 
+@contextlib.contextmanager
+def _quiet_kineto():
+    """Kineto (the profiler's backend) prints "USDT ... profiler_start/stop" at every profile,
+    and an ERROR when a CUDA build finds no GPU; it reads KINETO_LOG_LEVEL as a profile starts,
+    and 6 is above all its levels. Set for the profile only (a user's own value is kept), so the
+    variable never reaches the jobs this kernel submits."""
+    before = os.environ.get("KINETO_LOG_LEVEL")
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("KINETO_LOG_LEVEL", None)
+
+
 def profile(
     model: nn.Module,
     loader: Iterable,
@@ -124,13 +140,10 @@ def profile(
     model = copy.deepcopy(model).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     train_epoch(model, loader, optimizer, device, amp, max_steps=warmup)  # warm up, untimed
-    # Kineto (the profiler's backend) logs an ERROR when a CUDA build finds no GPU;
-    # level 5 keeps it quiet. Read once, when the first profile starts.
-    os.environ.setdefault("KINETO_LOG_LEVEL", "5")
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities) as prof:
+    with _quiet_kineto(), torch.profiler.profile(activities=activities) as prof:
         train_epoch(model, loader, optimizer, device, amp, max_steps=steps)
     events = prof.key_averages()
     on_gpu = device.type == "cuda"

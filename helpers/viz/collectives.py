@@ -1,4 +1,7 @@
-"""Figures of notebook 02: collectives, the ring, the alpha-beta model, launch times."""
+"""Figures of notebook 02: collectives, the ring, the parameter server, launch times.
+
+The alpha-beta model's figures are in ``helpers.viz.costmodel``.
+"""
 
 from __future__ import annotations
 
@@ -79,123 +82,6 @@ def plot_ring_steps(traces: list):
     return fig
 
 
-def _errorbar(ax, rows, key, color, label, fmt="o"):
-    """Measured medians with their quartiles (the spread between repeats) as error bars."""
-    import numpy as np
-
-    rows = sorted(rows, key=lambda r: r[key])
-    xs = np.array([r[key] for r in rows], dtype=float)
-    med = np.array([r["seconds"] for r in rows]) * 1e3
-    lo = np.array([r.get("lo", r["seconds"]) for r in rows]) * 1e3
-    hi = np.array([r.get("hi", r["seconds"]) for r in rows]) * 1e3
-    err = np.clip([med - lo, hi - med], 0, None)  # (2, points); quartiles always bracket the median
-    ax.errorbar(xs, med, yerr=err, fmt=fmt, color=color, capsize=2, label=label)
-    return xs
-
-
-def plot_prediction(pingpong: list, ab, rows: list, measured_on: str):
-    """Ping-pong fit (left), then all-reduces: measured vs predicted from that one fit.
-
-    pingpong: rows of helpers.parallel.collectives.pingpong; ab: the AlphaBeta
-    fitted to them; rows: helpers.parallel.collectives.measure rows. Dots with
-    bars are measurements (median, quartiles); dashed lines are the model.
-    """
-    import numpy as np
-
-    from helpers.parallel import costmodel
-
-    fig, (ax0, ax1, ax2) = new_figure(
-        "all-reduce: measured (dots, bars = quartiles) vs MODEL predicted from the ping-pong (dashed)",
-        f"{measured_on}; dashed lines are computed, not measured",
-        ncols=3,
-        width=4.6,
-    )
-    xs = _errorbar(ax0, pingpong, "bytes", "k", "ping-pong, one way")
-    grid = np.geomspace(xs.min(), xs.max(), 50)
-    ax0.plot(
-        grid,
-        (ab.alpha + grid * ab.beta) * 1e3,
-        "--",
-        color="k",
-        label="fit to lower quartiles: alpha + n beta",
-    )
-    ax0.set_title(f"fit once: {ab}", fontsize=8)
-    big_world = max(r["world"] for r in rows)
-    big = max(r["bytes"] for r in rows)
-    algos = [a for a in ("ring", "ps", "builtin") if any(r["algo"] == a for r in rows)]
-    for j, algo in enumerate(algos):
-        c = f"C{j}"
-        pts = [r for r in rows if r["algo"] == algo and r["world"] == big_world]
-        xs = _errorbar(ax1, pts, "bytes", c, algo)
-        grid = np.geomspace(xs.min(), xs.max(), 50)
-        # gloo's all_reduce has the ring's formula: the two lines coincide, so their dashes
-        # alternate (blue, green, blue, ...) instead of one hiding the other.
-        ls = (6, (6, 6)) if algo == "builtin" else (0, (6, 6)) if algo == "ring" else "--"
-        ax1.plot(
-            grid,
-            costmodel.predict(algo, grid, big_world, ab) * 1e3,
-            linestyle=ls,
-            color=c,
-            label=f"{algo} model" + (" (= ring model)" if algo == "builtin" else ""),
-        )
-        pts = [r for r in rows if r["algo"] == algo and r["bytes"] == big]
-        ws = _errorbar(ax2, pts, "world", c, algo, fmt="o-")
-        ax2.plot(ws, costmodel.predict(algo, big, ws, ab) * 1e3, linestyle=ls, color=c)
-    for ax in (ax0, ax1):
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("message size (bytes)")
-    ax1.set_title(f"{big_world} ranks", fontsize=9)
-    ax2.set_title(f"{big / 2**20:g} MiB", fontsize=9)
-    ax2.set_xticks(sorted({r["world"] for r in rows}))
-    ax2.set_xlabel("ranks")
-    ax0.set_ylabel("time (ms)")
-    lo, hi = ax1.get_ylim()
-    ax1.set_ylim(lo, hi * 8)  # headroom on the log axis: the 6-entry legend sits above the data
-    ax1.legend(fontsize=7, loc="upper left", ncol=2)
-    for ax in (ax0, ax2):
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
-
-
-def plot_bus_bandwidth(rows: list, ab, measured_on: str):
-    """Bus bandwidth 2(N-1)/N * n / t of every measured all-reduce, beside the link's 1/beta."""
-    from helpers.parallel import costmodel
-
-    fig, (ax,) = new_figure(
-        "bus bandwidth of each all-reduce (same formula for all)", measured_on, width=7.5
-    )
-    worlds = sorted({r["world"] for r in rows})
-    styles = ["o-", "s--", "^:", "v-."]
-    for j, algo in enumerate(
-        a for a in ("ring", "ps", "builtin") if any(r["algo"] == a for r in rows)
-    ):
-        for k, w in enumerate(worlds):
-            pts = sorted(
-                (r["bytes"], r["seconds"]) for r in rows if r["algo"] == algo and r["world"] == w
-            )
-            n, t = zip(*pts, strict=True)
-            bw = costmodel.bus_bandwidth(n, w, t) / 1e9
-            ax.plot(n, bw, styles[k % 4], color=f"C{j}", ms=4, label=f"{algo}, {w} ranks")
-    ax.axhline(ab.bandwidth / 1e9, color="k", lw=1)
-    ax.text(
-        min(r["bytes"] for r in rows),
-        ab.bandwidth / 1e9,
-        " 1/beta from the ping-pong (model)",
-        va="bottom",
-        fontsize=8,
-    )
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_ylim(top=3 * ab.bandwidth / 1e9)
-    ax.set_xlabel("message size (bytes)")
-    ax.set_ylabel("bus bandwidth (GB/s)")
-    ax.legend(fontsize=7, ncol=3)
-    fig.tight_layout()
-    return fig
-
-
 def plot_ps_vs_ring(n_bytes: float, rows: list, measured_on: str):
     """Bytes the busiest rank sends (a model: counted, not measured) and measured times."""
     import numpy as np
@@ -247,5 +133,34 @@ def plot_launch_times(times: dict, nproc: int, measured_on: str):
     ax.invert_yaxis()  # first entry on top
     ax.set_xlabel("wall time (s)")
     ax.set_xlim(0, max(times.values()) * 1.25)
+    fig.tight_layout()
+    return fig
+
+
+def plot_overlap(study: dict, measured_on: str):
+    """Median seconds (bars: quartiles) of a collective, some work, both in turn, both overlapped.
+
+    study: {kind of work: {phase: [seconds of each repeat]}}, phases in the order to draw.
+    """
+    import numpy as np
+
+    kinds = list(study)
+    fig, axes = new_figure(
+        "all-reduce and other work: one after the other, or overlapped (async_op=True)",
+        measured_on,
+        ncols=len(kinds),
+        width=5.2,
+    )
+    for ax, kind in zip(axes, kinds, strict=True):
+        phases = list(study[kind])
+        q = np.array([np.percentile(np.array(study[kind][p]) * 1e3, [25, 50, 75]) for p in phases])
+        err = np.clip([q[:, 1] - q[:, 0], q[:, 2] - q[:, 1]], 0, None)
+        colors = ["C0", "C1", "0.6", "C2"][: len(phases)]
+        bars = ax.bar(range(len(phases)), q[:, 1], yerr=err, capsize=3, color=colors)
+        ax.bar_label(bars, fmt="%.0f ms", padding=2, fontsize=8)
+        ax.set_xticks(range(len(phases)), [p.replace(" ", "\n", 1) for p in phases], fontsize=8)
+        ax.set_title(f"work = {kind}", fontsize=9)
+        ax.set_ylabel("time (ms), median; bars = quartiles")
+        ax.set_ylim(0, q[:, 2].max() * 1.25)
     fig.tight_layout()
     return fig

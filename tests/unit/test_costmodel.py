@@ -81,3 +81,33 @@ def test_fit_pingpong_recovers_alpha_beta():
     assert got.beta == pytest.approx(3e-10, rel=1e-6)
     with pytest.raises(ValueError, match="two or more"):
         costmodel.fit_pingpong([1024, 1024], [1e-4, 1e-4])
+
+
+def test_fit_pingpong_takes_beta_from_the_large_messages_only():
+    # Small messages slowed by a scheduler (a latency-bound regime with its own slope) must not
+    # tilt beta: a line through every size would; the large-message slope does not.
+    sizes = np.array([2**k for k in range(10, 25, 2)], dtype=float)
+    t = 4e-5 + sizes * 3e-10
+    t[sizes < 2**20] += 2e-4 * np.arange((sizes < 2**20).sum())  # noise growing with size
+    got = costmodel.fit_pingpong(sizes, t, large_from=2**20)
+    assert got.beta == pytest.approx(3e-10, rel=1e-6)
+    everything = np.polyfit(sizes, t, 1)[0]
+    assert abs(everything / 3e-10 - 1) > 0.05  # the all-sizes line would be off
+
+
+def test_bus_bandwidth_model_ring_flat_in_n_server_falls():
+    ab = AlphaBeta(alpha=0.0, beta=1e-9)
+    ring = [costmodel.bus_bandwidth_model("ring", 2**30, n, ab) for n in (2, 4, 8)]
+    ps = [costmodel.bus_bandwidth_model("ps", 2**30, n, ab) for n in (2, 4, 8)]
+    assert ring == pytest.approx([1e9] * 3)
+    assert ps == pytest.approx([1e9 / 2, 1e9 / 4, 1e9 / 8])
+
+
+def test_fit_sweep_recovers_the_ring_of_a_synthetic_sweep():
+    from helpers.parallel import published_comm as pub
+
+    n, ranks, ab = np.array(pub.SWEEP_H200["bytes"], dtype=float), 8, AlphaBeta(2e-6, 1 / 400e9)
+    busbw = costmodel.bus_bandwidth_model("ring", n, ranks, ab) / pub.GB
+    got = pub.fit_sweep(n, busbw, ranks)
+    assert got.alpha == pytest.approx(ab.alpha, rel=1e-6)
+    assert got.beta == pytest.approx(ab.beta, rel=1e-6)

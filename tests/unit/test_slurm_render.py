@@ -103,6 +103,27 @@ def test_profile_specific_lines():
     assert "module load pytorch-gpu/py3/" in jz
 
 
+def test_memory_scales_with_gpus_and_partial_nodes_get_their_own_qos(tmp_path, monkeypatch):
+    """Engaging asks for 20GB per GPU rank; Perlmutter's 1-2 GPU jobs on one node use the
+    shared QOS (charged for their share), every other job the regular one (whole nodes)."""
+    mem = {g: re.search(r"--mem=(\S+)", render(spec("engaging", 1, g))).group(1) for g in (1, 2, 4)}
+    assert mem == {1: "20GB", 2: "40GB", 4: "80GB"}
+    assert "--mem=80GB" in render(spec("engaging", 2, 4))  # per node, not per job
+    qos = {(n, g): re.search(r"--qos=(\w+)", render(spec("perlmutter", n, g))).group(1)
+           for n, g in ((1, 1), (1, 2), (1, 3), (1, 4), (2, 1), (2, 4))}  # fmt: skip
+    assert qos == {(1, 1): "shared", (1, 2): "shared", (1, 3): "regular", (1, 4): "regular",
+                   (2, 1): "regular", (2, 4): "regular"}  # fmt: skip
+    values = load_profile("engaging").values({"env": "E", "mem_per_gpu": "lots"})
+    with pytest.raises(ProfileError, match="whole number and a unit"):
+        render(spec("engaging", 1, 1, values=values))
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "bad"\ngpu_request = "--gres=gpu:{gpus}"\n[[directive]]\nflag = "--qos"\n'
+                   'value = "a"\n[directive.partial_node]\nvalue = "b"\n')  # fmt: skip
+    monkeypatch.setenv("WORKBOOK_PROFILES", str(tmp_path))
+    with pytest.raises(ProfileError, match="max_gpus"):
+        load_profile("bad")
+
+
 def test_local_profile_uses_this_interpreter():
     text = render(spec("local", 1, 2))
     assert f"export PATH={shlex.quote(str(Path(sys.executable).parent))}:$PATH" in text
@@ -227,7 +248,7 @@ def test_a_job_directory_is_the_job_it_names_only_files_beside_it(tmp_path, monk
     manifest = json.loads((moved / "job.json").read_text())
     assert (
         manifest["gpu"] == "h200"
-        and manifest["mem"] == "30GB"
+        and manifest["mem"] == "80GB"  # 20GB per GPU x 4 GPUs, as the script says
         and manifest["launcher"] == "deepspeed"
     )
     assert manifest["files"] == ["ds_config.json"] and manifest["args"][-1] == "ds_config.json"
