@@ -18,9 +18,8 @@ An all-reduce is a reduce-scatter followed by an all-gather: f' and g' send the 
 f and g, in two halves placed around the layers, so that what lies between the pairs (norms,
 residuals, dropout) is stored and computed on T/N tokens.
 
-Every collective goes through ``_all_reduce``, ``_all_gather`` or ``_reduce_scatter``, which
-record it in a ``CommLog`` (which, forward or backward, how many bytes) when one is passed:
-values, not globals.
+Every collective is recorded in a ``CommLog`` (which, forward or backward, how many bytes)
+when one is passed: values, not globals.
 """
 
 from __future__ import annotations
@@ -274,12 +273,8 @@ class _ReduceScatterToSP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return (
-            _all_gather(grad, ctx.group, ctx.log, "backward", ctx.layer, dim=SEQ),
-            None,
-            None,
-            None,
-        )
+        whole = _all_gather(grad, ctx.group, ctx.log, "backward", ctx.layer, dim=SEQ)
+        return whole, None, None, None
 
 
 class _SplitToSP(torch.autograd.Function):
@@ -292,12 +287,8 @@ class _SplitToSP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return (
-            _all_gather(grad, ctx.group, ctx.log, "backward", ctx.layer, dim=SEQ),
-            None,
-            None,
-            None,
-        )
+        whole = _all_gather(grad, ctx.group, ctx.log, "backward", ctx.layer, dim=SEQ)
+        return whole, None, None, None
 
 
 def gather_from_sp(x, group=None, log=None, layer="", grad_is_partial=True):
