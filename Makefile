@@ -88,8 +88,19 @@ hub: setup
 hub-down:
 	bash slurm/hub/stop.sh
 
+# The tests that mostly wait (Slurm's queue, JupyterLab and the browser: tests/slurm,
+# tests/browser) run beside the rest, in a second pytest whose report follows the first's.
+# Each half prints its own summary and --durations; the target fails if either half fails.
+WAITING := tests/slurm tests/browser
 test: setup lint slurm-up
-	$(PY) -m pytest $(PYTEST_ARGS)
+	@rm -rf build/dryrun/rows && mkdir -p build
+	@WORKBOOK_KEEP_DRYRUN_ROWS=1 $(PY) -m pytest $(WAITING) $(PYTEST_ARGS) >build/test-waiting.log 2>&1 & waiting=$$!; \
+	WORKBOOK_KEEP_DRYRUN_ROWS=1 $(PY) -m pytest $(addprefix --ignore=,$(WAITING)) $(PYTEST_ARGS); rest=$$?; \
+	wait $$waiting; waited=$$?; \
+	echo "=== $(WAITING), run beside the tests above (build/test-waiting.log) ==="; \
+	cat build/test-waiting.log; \
+	echo "make test: the rest exited $$rest, $(WAITING) exited $$waited"; \
+	exit $$(( rest || waited ))
 
 # Everything except the tests that need the local Slurm cluster.
 test-quick: setup lint

@@ -19,10 +19,13 @@ def _isolated_runs(tmp_path_factory):
 
 
 def pytest_sessionstart(session):
-    # The dry run's rows of this session only (the notebook and lab tests add theirs).
+    # The dry run's rows of this session only (the notebook and lab tests add theirs);
+    # `make test` clears them once for its two pytest sessions, which run side by side.
     import shutil
     from pathlib import Path
 
+    if os.environ.get("WORKBOOK_KEEP_DRYRUN_ROWS"):
+        return
     shutil.rmtree(
         Path(__file__).resolve().parents[1] / "build" / "dryrun" / "rows", ignore_errors=True
     )

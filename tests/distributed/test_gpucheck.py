@@ -8,6 +8,7 @@ figures it records there are not GPU figures and say so.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -22,8 +23,10 @@ def test_without_a_gpu_it_exits_2_and_says_where_to_run_it(tmp_path):
 
 
 def test_the_whole_plan_runs_on_a_stand_in_gpu_and_records_its_figures(tmp_path):
+    before = dict(os.environ)
     code = gpucheck.main(["--standin", "--jobs", str(tmp_path / "none"), "--out", str(tmp_path)])
     assert code == 0
+    assert dict(os.environ) == before  # the stand-in data switch does not leak to the caller
     report = json.loads((tmp_path / "standin-test.json").read_text())
     assert "not GPU figures" in report["hardware"]["gpu"]
     m = report["measurements"]

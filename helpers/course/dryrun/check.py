@@ -184,9 +184,10 @@ def _host_need(job: Job, results: list[dict]) -> tuple[float, float | None, str]
 def _rows_for(job: Job, runs: _Runs, gpus: list[str]) -> list[Row]:
     name = job.spec["name"]
     if job.uses_deepspeed():
-        why = ("not checked: DeepSpeed picks its own device and process group "
-               "(deepspeed.accelerator: cuda, cpu, ...), so the stand-in GPU cannot be put "
-               "under it")  # fmt: skip
+        why = ("not checked: DeepSpeed places tensors and picks its backend through its own "
+               "accelerator (deepspeed.accelerator: 'cpu' with gloo here, 'cuda' with NCCL on "
+               "GPUs); the stand-in GPU would need a DeepSpeed accelerator of its own "
+               "(deepspeed.accelerator.set_accelerator), which the workbook does not have yet")  # fmt: skip
         return [Row(name, job.spec["profile"], gpu, job.world, "-", "-", "-", why, True, [why])
                 for gpu in gpus]  # fmt: skip
     strict = runs.strict(job)

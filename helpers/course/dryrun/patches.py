@@ -44,6 +44,8 @@ def _alone_patches(tdist) -> list:
     """
     import torch.distributed.checkpoint as dcp
 
+    from helpers.parallel import checkpoint
+
     def all_gather_object(out, obj, group=None):
         out[:] = [obj] * len(out)
 
@@ -60,15 +62,25 @@ def _alone_patches(tdist) -> list:
     return [(tdist, "all_gather_object", all_gather_object),
             (tdist, "gather_object", gather_object), (tdist, "scatter_object_list", scatter_object_list),
             (tdist, "broadcast_object_list", skip), (dcp, "save", skip), (dcp, "load", skip),
-            (torch, "save", skip), (torch, "set_rng_state", skip)]  # fmt: skip
+            (torch, "save", skip), (torch, "set_rng_state", skip),
+            (checkpoint, "set_rng_state", skip)]  # generators saved under fake mode hold no values  # fmt: skip
 
 
 def patch_for_fake_run(swap_tensors) -> list:
     """What a fake run changes in torch while it runs; returns (owner, name, old value)."""
     import torch.distributed as tdist
     import torch.utils.data as tud
+    from torch._subclasses.fake_tensor import is_fake
 
-    tensor, loader_init = torch.tensor, tud.DataLoader.__init__
+    tensor, loader_init, to_numpy = torch.tensor, tud.DataLoader.__init__, torch.Tensor.numpy
+
+    def numpy(self, *, force=False):  # a fake tensor has no values: zeros of its shape and type
+        if not is_fake(self):
+            return to_numpy(self, force=force)
+        import numpy as np
+
+        kind = torch.empty((), dtype=self.dtype).numpy().dtype  # what numpy calls this dtype
+        return np.zeros(tuple(self.shape), dtype=kind)
 
     def tensor_on_device(data, *args, device=None, **kwargs):  # via the host: fake on the device
         out = tensor(data, *args, **kwargs)
@@ -80,6 +92,7 @@ def patch_for_fake_run(swap_tensors) -> list:
         loader_init(self, *args, **kwargs)
 
     patches = [(torch.utils, "swap_tensors", swap_tensors), (torch, "tensor", tensor_on_device),
+               (torch.Tensor, "numpy", numpy),
                (tud.DataLoader, "__init__", loader), *_alone_patches(tdist),
                # DDP compares every rank's parameter shapes by reading gathered bytes, which a
                # rank alone cannot fake; the device-strict run checks it on real ranks
