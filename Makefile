@@ -59,6 +59,7 @@ bench: setup
 	$(PY) -m helpers.course.bench allreduce
 	$(PY) -m helpers.course.bench ddp
 	$(PY) -m helpers.course.bench tp
+	$(PY) -m helpers.course.bench tp_time
 	$(PY) -m helpers.course.bench pipeline
 	$(PY) -m helpers.course.bench mfu
 	$(PY) -m helpers.course.bench planner

@@ -28,6 +28,7 @@ from helpers.parallel.tp_comm import (
     copy_to_tp,
     gather_from_tp,
     reduce_from_tp,
+    reduce_scatter_to_sp,
     scatter_to_tp,
     tp_rank_size,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "check_divides",
     "check_tp_size",
     "copy_to_tp",
+    "kv_heads_per_rank",
     "gather_from_tp",
     "reduce_from_tp",
     "scatter_to_tp",
@@ -89,6 +91,23 @@ def check_tp_size(
         check_divides(tp, heads, "the number of attention heads")
 
 
+def kv_heads_per_rank(n_kv_heads: int, tp: int) -> tuple[int, int]:
+    """(key/value heads each rank holds, ranks holding a copy of each) under grouped-query
+    attention. Up to tp = n_kv_heads the KV heads are split like the query heads; beyond it
+    a KV head cannot be cut (its query heads need all of it), so each is replicated on
+    tp / n_kv_heads ranks: weights of k and v and the KV cache stop shrinking."""
+    if tp <= n_kv_heads:
+        check_divides(tp, n_kv_heads, "the number of key/value heads")
+        return n_kv_heads // tp, 1
+    if tp % n_kv_heads:
+        raise ValueError(
+            f"tensor-parallel size {tp} is not a multiple of the {n_kv_heads} key/value heads: "
+            f"each would be copied a fractional number of times; use a TP size that divides "
+            f"{n_kv_heads} or is a multiple of it"
+        )
+    return 1, tp // n_kv_heads
+
+
 # --------------------------------------------------------------------------- layers
 
 
@@ -126,24 +145,32 @@ class RowParallelLinear(nn.Module):
     input_is_parallel=True: the input is already this rank's slice [..., in/N] (the output
     of a column layer); False: the full input is split here (backward: an all-gather).
     The partial products are summed by g (one all-reduce); the bias is added once, after.
+    sequence_parallel=True: g' instead (reduce-scatter: each rank the sum for its tokens);
+    the bias is then added to this rank's tokens only, so its gradient is a partial sum over
+    the sequence, to be all-reduced like the norms' (it is marked ``sequence_parallel``).
     """
 
     def __init__(self, full: nn.Linear, group=None, input_is_parallel=True, log=None,
-                 name="row"):  # fmt: skip
+                 name="row", sequence_parallel=False):  # fmt: skip
         super().__init__()
         rank, world = tp_rank_size(group)
         check_divides(world, full.in_features, f"in_features of {name}")
         self.group, self.log, self.name = group, log, name
-        self.input_is_parallel = input_is_parallel
+        self.input_is_parallel, self.sequence_parallel = input_is_parallel, sequence_parallel
         self.in_features, self.out_features = full.in_features // world, full.out_features
         self.weight = nn.Parameter(full.weight.detach().chunk(world, dim=1)[rank].clone())
         self.bias = None if full.bias is None else nn.Parameter(full.bias.detach().clone())
+        if self.bias is not None and sequence_parallel:
+            self.bias.sequence_parallel = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.input_is_parallel:
             x = scatter_to_tp(x, self.group, self.log, self.name)
         partial = nn.functional.linear(x, self.weight)  # X_r A_r: [..., out], a partial sum
-        y = reduce_from_tp(partial, self.group, self.log, self.name)
+        if self.sequence_parallel:
+            y = reduce_scatter_to_sp(partial, self.group, self.log, self.name)
+        else:
+            y = reduce_from_tp(partial, self.group, self.log, self.name)
         return y if self.bias is None else y + self.bias
 
 

@@ -78,20 +78,24 @@ class Attention(nn.Module):
         self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        b, t, _ = x.shape
+        return self.o(self.attend(self.q(x), self.k(x), self.v(x), cache))
+
+    def attend(self, q, k, v, cache: KVCache | None = None) -> torch.Tensor:
+        """Causal attention of projected q, k, v [B, T, heads x head_dim] -> [B, T, same]."""
+        b, t, _ = q.shape
         # view(B, T, -1, head_dim): -1 is the number of heads this rank holds (all, or H/N)
-        q, k, v = (
-            p(x).view(b, t, -1, self.head_dim).transpose(1, 2) for p in (self.q, self.k, self.v)
-        )
+        q, k, v = (y.view(b, t, -1, self.head_dim).transpose(1, 2) for y in (q, k, v))
         past = 0
         if cache is not None:
             done = cache.k[self.layer]
             past = 0 if done is None else done.shape[2]  # tokens already in this layer's cache
             k, v = cache.append(self.layer, k, v)  # [B, h, past + t, head_dim]
-        # query i (position past + i) sees keys 0 .. past + i
-        mask = torch.ones(t, past + t, dtype=torch.bool, device=x.device).tril(diagonal=past)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, h, t, head_dim]
-        return self.o(out.transpose(1, 2).reshape(b, t, -1))
+        if past == 0:  # training and prefill: a plain causal mask, which no tensor holds
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, h, t, head_dim]
+        else:  # decoding: query i (position past + i) sees keys 0 .. past + i
+            mask = torch.ones(t, past + t, dtype=torch.bool, device=q.device).tril(diagonal=past)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return out.transpose(1, 2).reshape(b, t, -1)
 
 
 class MLP(nn.Module):
@@ -199,13 +203,17 @@ def shard_names(serial: Decoder, rank: int, world: int, grads: bool = False) -> 
 
 
 def block_plan(sequence_parallel: bool = False) -> dict:
-    """The DTensor plan of one Block, a table from sub-module names to styles.
+    """The DTensor plan of one Block, a table from sub-module names to styles (torchtitan's).
 
-    Plain TP: q, k, v, fc1 column-wise; o, fc2 row-wise (the Megatron pairing).
+    Plain TP: q, k, v, fc1 column-wise; o, fc2 row-wise (the Megatron pairing). The attention
+    and the MLP first turn their input into one replicated DTensor (``PrepareModuleInput``):
+    q, k and v then read the same DTensor, their partial input gradients add up on it, and a
+    single all-reduce sums them, like the hand-written f. Without it each of q, k, v makes
+    its own DTensor from the plain input and all-reduces its own input gradient (3, not 1).
     sequence_parallel=True: between the pairs the activations stay split along the
     sequence (Shard(1)); the norms run on their slice (SequenceParallel); an all-gather
-    before attention and MLP (PrepareModuleInput) and a reduce-scatter after o and fc2
-    (output_layouts=Shard(1)) replace each all-reduce.
+    before attention and MLP (PrepareModuleInput from Shard(1)) and a reduce-scatter after o
+    and fc2 (output_layouts=Shard(1)) replace each all-reduce.
     """
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
@@ -215,29 +223,27 @@ def block_plan(sequence_parallel: bool = False) -> dict:
         SequenceParallel,
     )
 
-    if not sequence_parallel:
-        return {
-            "attn.q": ColwiseParallel(),
-            "attn.k": ColwiseParallel(),
-            "attn.v": ColwiseParallel(),
-            "attn.o": RowwiseParallel(),
-            "mlp.fc1": ColwiseParallel(),
-            "mlp.fc2": RowwiseParallel(),
-        }
     seq, full = Shard(1), Replicate()  # activations [B, T, dim]: Shard(1) splits T
-    return {
-        "": PrepareModuleInput(input_layouts=(full, None), desired_input_layouts=(seq, None)),
-        "norm1": SequenceParallel(),
-        "norm2": SequenceParallel(),
-        "attn": PrepareModuleInput(input_layouts=(seq, None), desired_input_layouts=(full, None)),
-        "attn.q": ColwiseParallel(),
+    into = seq if sequence_parallel else full  # the layout of a block's activations
+    plan = {
+        "attn": PrepareModuleInput(input_layouts=(into, None), desired_input_layouts=(full, None)),
+        "attn.q": ColwiseParallel(),  # heads split: each rank H/N heads
         "attn.k": ColwiseParallel(),
         "attn.v": ColwiseParallel(),
-        "attn.o": RowwiseParallel(output_layouts=seq, use_local_output=False),
-        "mlp": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(full,)),
-        "mlp.fc1": ColwiseParallel(),
-        "mlp.fc2": RowwiseParallel(output_layouts=seq, use_local_output=False),
+        "attn.o": RowwiseParallel(),  # partial outputs summed: one all-reduce
+        "mlp": PrepareModuleInput(input_layouts=(into,), desired_input_layouts=(full,)),
+        "mlp.fc1": ColwiseParallel(),  # hidden features split
+        "mlp.fc2": RowwiseParallel(),  # one all-reduce
     }
+    if sequence_parallel:
+        plan.update({
+            "": PrepareModuleInput(input_layouts=(full, None), desired_input_layouts=(seq, None)),
+            "norm1": SequenceParallel(),
+            "norm2": SequenceParallel(),
+            "attn.o": RowwiseParallel(output_layouts=seq, use_local_output=False),
+            "mlp.fc2": RowwiseParallel(output_layouts=seq, use_local_output=False),
+        })  # fmt: skip
+    return plan
 
 
 def apply_dtensor_tp(model: Decoder, mesh, sequence_parallel: bool = False) -> Decoder:
@@ -258,15 +264,34 @@ def apply_dtensor_tp(model: Decoder, mesh, sequence_parallel: bool = False) -> D
     return model
 
 
+def sync_partial_grads(model: nn.Module) -> int:
+    """Reduce every Partial gradient to Replicate, one all-reduce each, and say how many.
+
+    Under sequence parallelism a norm sees T/N tokens, so its weight gradient is a partial
+    sum (a ``Partial`` DTensor). Left as it is, DTensor reduces it inside the optimizer step,
+    again each time the optimizer reads it (AdamW: three times per parameter).
+    """
+    from torch.distributed.tensor import DTensor, Replicate
+
+    n = 0
+    for p in model.parameters():
+        g = p.grad
+        if isinstance(g, DTensor) and any(pl.is_partial() for pl in g.placements):
+            p.grad = g.redistribute(placements=[Replicate()] * g.device_mesh.ndim)
+            n += 1
+    return n
+
+
 def local_grads(model: nn.Module) -> dict:
     """{name: this rank's gradient}: a sharded parameter's local shard; a Partial gradient
-    (a sequence-parallel norm: each rank saw part of the sequence) summed over the ranks."""
+    (a sequence-parallel norm: each rank saw part of the sequence) summed over the ranks; a
+    whole gradient of a sharded parameter (DTensor's embedding backward) sliced."""
     from torch.distributed.tensor import DTensor
 
     out = {}
     for name, p in model.named_parameters():
         g = p.grad
-        if isinstance(g, DTensor):
-            g = g.to_local() if g.placements[0].is_shard() else g.full_tensor()
+        if isinstance(g, DTensor):  # in the parameter's layout: sum a Partial, slice a whole
+            g = g.redistribute(p.device_mesh, p.placements).to_local()
         out[name.replace(".inner.", ".")] = g
     return out

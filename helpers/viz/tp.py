@@ -75,18 +75,18 @@ def plot_bytes_per_variant(rows: dict, measured_on: str):
     return fig
 
 
-def plot_tp_vs_dp(tokens, tp_model, dp_model, measured: dict, world: int, measured_on: str):
+def plot_tp_vs_dp(tokens, tp_model, dp_model, counted: dict, world: int, measured_on: str):
     """Bytes a rank sends per step against tokens per step: TP grows, DP is flat.
 
-    measured: {("tp" | "dp", tokens): bytes}, drawn as dots on the modelled lines.
+    counted: {("tp" | "dp", tokens): bytes} counted on real ranks, dots on the model's lines.
     """
     fig, (ax,) = new_figure(f"bytes per rank per training step, {world} ranks", measured_on)
     ax.loglog(tokens, tp_model, "-", color="tab:red", label="TP model: 4 L B T d e 2(N-1)/N")
     ax.loglog(tokens, dp_model, "-", color="tab:blue", label="DP model: P e 2(N-1)/N")
     for mode, colour in (("tp", "tab:red"), ("dp", "tab:blue")):
-        pts = sorted((t, b) for (m, t), b in measured.items() if m == mode)
+        pts = sorted((t, b) for (m, t), b in counted.items() if m == mode)
         if pts:
-            ax.loglog(*zip(*pts, strict=True), "o", color=colour, label=f"{mode.upper()} measured")
+            ax.loglog(*zip(*pts, strict=True), "o", color=colour, label=f"{mode.upper()} counted")
     ax.set_xlabel("tokens per step (batch x sequence)")
     ax.set_ylabel("bytes sent per rank")
     ax.legend(fontsize=8)
@@ -148,3 +148,100 @@ def link_explorer(step_times, model: str = "Llama-2-7B-sized", tokens: int = 409
         c.observe(redraw, names="value")
     redraw()
     return W.VBox([W.HBox(list(controls.values())), out])
+
+
+MEMORY_PARTS = (("params", "parameters"), ("grads", "gradients"), ("optimizer", "AdamW states"),
+                ("activations", "saved activations"))  # fmt: skip
+
+
+def plot_memory(measured: dict, counted: dict, labels: dict, measured_on: str):
+    """Bytes one rank holds, by TP degree and layout: stacked bars measured, a black tick
+    where the count (Korthikanti's formula and the shard sizes) puts the total.
+
+    measured, counted: {(layout, tp): {"params": B, "grads": B, "optimizer": B,
+    "activations": B}}; labels: {layout: short name under its bar}.
+    """
+    fig, (ax,) = new_figure("what one rank holds: model states and saved activations",
+                            measured_on, width=8)  # fmt: skip
+    bars = sorted(measured, key=lambda k: (k[1], list(labels).index(k[0])))
+    ticks = []
+    for x, (lay, t) in enumerate(bars):
+        bottom = 0.0
+        for k, (part, name) in enumerate(MEMORY_PARTS):
+            v = measured[lay, t][part] / 2**20
+            ax.bar(x, v, 0.7, bottom=bottom, color=RANK_COLOURS[k], alpha=0.75, edgecolor="k",
+                   lw=0.4, label=name if x == 0 else None)  # fmt: skip
+            bottom += v
+        ax.plot(x, sum(counted[lay, t].values()) / 2**20, "k_", ms=22, mew=2,
+                label="counted (formula)" if x == 0 else None)  # fmt: skip
+        ticks.append(f"TP = {t}" if t == 1 else f"{labels[lay]}\nTP = {t}")
+    ax.set_xticks(range(len(bars)), ticks, fontsize=8)
+    ax.set_ylabel("MiB per rank (measured)")
+    ax.legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    return fig
+
+
+def plot_overlap(runs: dict, measured_on: str):
+    """The backward of a column-parallel layer, median phases: synchronous (the all-reduce
+    of dX between dX and dW) against overlapped (the all-reduce in flight during dW).
+
+    runs: {False: [phases], True: [phases]}, each phases a dict with dX, comm, dW, wait.
+    """
+
+    def med(rows, key):
+        xs = sorted(r[key] for r in rows if isinstance(r[key], float))
+        return 1e3 * xs[len(xs) // 2]
+
+    fig, (ax,) = new_figure("backward of a column-parallel layer: median of each phase",
+                            measured_on, width=8)  # fmt: skip
+    sync, over = runs[False], runs[True]
+    lanes = {
+        "synchronous": [("dX = dY W", med(sync, "dX"), 0), ("all-reduce dX", med(sync, "comm"), 2),
+                        ("dW = dY^T X", med(sync, "dW"), 1)],
+        "overlapped": [("dX = dY W", med(over, "dX"), 0), ("dW = dY^T X", med(over, "dW"), 1),
+                       ("wait for the all-reduce", med(over, "wait"), 3)],
+    }  # fmt: skip
+    for y, phases in enumerate(lanes.values()):
+        start = 0.0
+        for name, ms, colour in phases:
+            ax.barh(y, ms, left=start, color=RANK_COLOURS[colour], alpha=0.8, edgecolor="k")
+            if ms > 0.04 * sum(p[1] for p in phases):
+                ax.text(start + ms / 2, y, f"{name}\n{ms:.0f} ms", ha="center", va="center",
+                        fontsize=7)  # fmt: skip
+            start += ms
+    dx, flight = lanes["overlapped"][0][1], lanes["overlapped"][1][1] + lanes["overlapped"][2][1]
+    ax.barh(1.42, flight, left=dx, height=0.16, color=RANK_COLOURS[2], alpha=0.8)
+    ax.text(dx, 1.62, "all-reduce of dX in flight (launched with async_op=True)", fontsize=7)
+    ax.set_yticks([0, 1], list(lanes))
+    ax.set_ylim(-0.6, 1.9)
+    ax.invert_yaxis()
+    ax.set_xlabel("milliseconds (median of each phase)")
+    fig.tight_layout()
+    return fig
+
+
+def plot_degree(sweep: dict, measured_on: str):
+    """Seconds per training step by TP degree: compute and collectives (medians), with the
+    spread of the step time (min to max over the repeats)."""
+    fig, (ax,) = new_figure("one training step by tensor-parallel degree", measured_on)
+    degrees = sorted(sweep)
+
+    def med(xs):
+        return sorted(xs)[len(xs) // 2]
+
+    comm = [1e3 * med(sweep[t]["comm"]) for t in degrees]
+    comp = [1e3 * med([s - c for s, c in zip(sweep[t]["step"], sweep[t]["comm"], strict=True)])
+            for t in degrees]  # fmt: skip
+    xs = range(len(degrees))
+    ax.bar(xs, comp, color="tab:blue", alpha=0.8, label="compute (step - collectives)")
+    ax.bar(xs, comm, bottom=comp, color="tab:red", alpha=0.8, label="inside TP's collectives")
+    for x, t in zip(xs, degrees, strict=True):
+        steps = [1e3 * s for s in sweep[t]["step"]]
+        ax.plot([x, x], [min(steps), max(steps)], "k-", lw=1)
+        ax.plot(x, med(steps), "ko", ms=4, label="step: median, min-max" if x == 0 else None)
+    ax.set_xticks(list(xs), [f"TP = {t}" for t in degrees])
+    ax.set_ylabel("milliseconds per step (rank 0)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

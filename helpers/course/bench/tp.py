@@ -1,8 +1,10 @@
 """``python -m helpers.course.bench tp``: bytes a rank sends per training step, TP against DP.
 
-Measured on real gloo ranks by ``CollectiveCounter``, which watches the collectives at
+Counted on real gloo ranks by ``CollectiveCounter``, which watches the collectives at
 torch's dispatcher (so it sees the hand-written layers' ``tdist.all_reduce`` and DTensor's
-functional collectives alike, forward and backward), and modelled:
+functional collectives alike, forward and backward; not those DTensor runs inside another
+operator, such as reducing a Partial gradient in the optimizer step, which torch's
+``CommDebugMode`` sees), and modelled:
 
     TP (Megatron pairing, N ranks, L blocks, B*T tokens of width d, e bytes per number):
         4 all-reduces per block and step (attention and MLP, forward and backward),
@@ -10,7 +12,8 @@ functional collectives alike, forward and backward), and modelled:
     DP (every rank the whole model, P parameters): one all-reduce of the gradients:
                                     sent = P e * 2(N-1)/N
 
-TP's volume grows with the tokens of a step, DP's with the model: TP sends more as soon as
+The figures are counted, not timed: the volumes follow from the shapes. TP's volume
+grows with the tokens of a step, DP's with the model: TP sends more as soon as
 B*T > P / (4 L d) (about 3 d tokens for a transformer whose MLP is 4 d wide). And TP's
 messages sit on the critical path of every layer, where DP's overlap the backward pass.
 """
@@ -29,10 +32,18 @@ from helpers.config import parse
 from helpers.parallel import tp_inference as TI
 from helpers.viz.common import machine_label
 
-# Links (vendor figures, one direction, per GPU; NOT in the course seeds, which only say
-# "fast NVLinks within a node, Infiniband across nodes"): NVIDIA A100 SXM NVLink 3 is
-# 600 GB/s in total over both directions; one HDR InfiniBand port is 200 Gb/s.
-LINKS = {"NVLink 3 (A100, in a node)": 300e9, "InfiniBand HDR (between nodes)": 25e9}
+# Links, per GPU and direction, as the all-reduce of a TP group sees them. NVLink: NCCL's
+# all-reduce bus bandwidth on A100 SXM, about 230 GB/s out of a 300 GB/s line rate (12 NVLink 3
+# links of 25 GB/s; NCCL developer S. Jeaugey, NVIDIA/nccl-tests issue 149); Perlmutter's
+# 4 A100 have 4 links to each of their 3 peers, the same 12. Network: one 200 Gb/s port per
+# GPU (HDR InfiniBand; Perlmutter's Slingshot-11 NICs), line rate. PCIe 4.0 x16: Engaging's
+# L40S nodes, which have no NVLink, line rate. NOT in the course seeds, which only say
+# "fast NVLinks within a node, Infiniband across nodes".
+LINKS = {
+    "NVLink 3 (A100), all-reduce bus bw": 230e9,
+    "PCIe 4.0 x16 (L40S: no NVLink)": 32e9,
+    "network, 200 Gb/s per GPU": 25e9,
+}
 
 
 _NAMES = {  # dispatcher operator -> (collective, how to find the full tensor's bytes)
@@ -131,15 +142,19 @@ def measure_step(d, cfg: TI.DecoderConfig, tokens: int, seq: int, mode: str) -> 
     return counter.sent()
 
 
-def measure(cfg: TI.DecoderConfig, tokens: list[int], world: int, seq: int) -> dict:
-    """{(mode, tokens): bytes rank 0 sent}, measured on ``world`` ranks."""
+def _measure_all(d, cfg: TI.DecoderConfig, tokens: list[int], seq: int) -> dict:
     out = {}
     for mode in ("tp", "dp"):
         for t in tokens:
-            if mode == "dp" and t // seq < world:
+            if mode == "dp" and t // seq < d.world_size:
                 continue  # DP needs at least one sequence per rank
-            out[mode, t] = launch.spawn(measure_step, world, (cfg, t, seq, mode))[0]
+            out[mode, t] = measure_step(d, cfg, t, seq, mode)
     return out
+
+
+def measure(cfg: TI.DecoderConfig, tokens: list[int], world: int, seq: int) -> dict:
+    """{(mode, tokens): bytes rank 0 sent}, counted on ``world`` ranks (one launch)."""
+    return launch.spawn(_measure_all, world, (cfg, tokens, seq))[0]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -159,4 +174,4 @@ def main(argv: list[str] | None = None) -> None:
                   f"{'-' if dp is None else f'{dp:,.0f}':>12} {dp_sent_model(n_params, world):>10,.0f}")  # fmt: skip
     print("Volumes do not depend on the hardware. Time does: divide by the link's bandwidth,")
     for name, bw in LINKS.items():
-        print(f"  {name}: {bw / 1e9:.0f} GB/s per direction (vendor figure)")
+        print(f"  {name}: {bw / 1e9:.0f} GB/s per GPU and direction (see LINKS for sources)")
