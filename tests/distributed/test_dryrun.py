@@ -77,3 +77,45 @@ def test_a_model_that_does_not_fit_its_gpus_is_rejected(runs):
     peak = float(row.gpu_mem.split()[0])
     assert peak > 64  # at least the fp32 shards of weights and gradients: 69 B x 8 B / 8
     assert row.reached == "step" and row.strict == "ok"  # it runs; it just does not fit
+
+
+# train_llama's build() before the meta device: every rank made and initialised the whole
+# model on the host, then moved it to its GPU, and only then sharded it.
+OLD_BUILD = """
+from helpers.models import llama2
+from helpers.parallel import llama_parallel
+from helpers.parallel.mesh import ParallelDims
+from helpers.programs import train_llama as T
+
+def old_build(d, cfg):
+    dims = ParallelDims(dp=-1, tp=cfg.tp, world_size=d.world_size)
+    mesh = dims.build_mesh(d.device.type, names=("dp", "tp"))
+    model = llama2.Transformer(T._model_args(cfg)).init_weights(cfg.seed).to(d.device)
+    llama_parallel.apply_tp(model, mesh["tp"], cfg.loss_parallel)
+    llama_parallel.apply_fsdp(model, mesh["dp"])
+    return dims, mesh, model
+
+T.build = old_build
+T.main()
+"""
+ARGS_7B = ["--model", "7B", "--tp", "2", "--seq-len", "1024", "--batch-size", "8", "--steps", "2"]
+
+
+def test_7b_is_built_on_the_meta_device_not_in_host_memory(runs, tmp_path):
+    """Engaging, 1 node x 4 GPUs, --mem=30GB. Building the whole model on every rank's host
+    needs 4 x 27 GB; built on the meta device, each rank holds only the largest full
+    parameter at a time while it initialises its shards."""
+    old = tmp_path / "train_llama_before.py"
+    old.write_text(OLD_BUILD)
+    site = dict(
+        nodes=1, gpus_per_node=4, profile="engaging", values={"env": "E", "gpu_type": "h200"}
+    )
+    Job("llama7b-host", old, args=ARGS_7B, **site).write()
+    Job("llama7b-meta", Path(train_llama.__file__), args=ARGS_7B, **site).write()
+    rows = {r.job: r for r in _rows(runs, all_gpus=False)}
+    before, after = rows["llama7b-host"], rows["llama7b-meta"]
+    # stopped where the host memory ran out: while initialising the whole model
+    assert not before.ok and "MemoryLimit: cpu memory of this rank reached" in before.reached
+    assert "init_weights" in before.reached and "--mem=30GB over 4 ranks" in before.reached
+    assert after.ok, after
+    assert float(after.host_mem.split()[0]) < 4 * 4  # 4 ranks: the process and one parameter

@@ -84,3 +84,27 @@ def test_bf16_checks_exclude_emulation_everywhere():
     bare = re.compile(r"(?<!def )is_bf16_supported\((?!including_emulation=False)")
     offenders = [str(p.relative_to(ROOT)) for p in sources if bare.search(p.read_text())]
     assert not offenders, f"is_bf16_supported() without including_emulation=False in {offenders}"
+
+
+def test_collective_timers_wait_for_the_device_before_each_clock_read(monkeypatch):
+    """On a GPU a collective call only queues its kernel: the clock must be read after
+    synchronize, before and after the timed call, and warm-up repeats are left out."""
+    import time
+
+    from helpers.parallel import collectives as C
+
+    events = []
+    monkeypatch.setattr(C, "synchronize", lambda device: events.append("sync"))
+    monkeypatch.setattr(C.tdist, "barrier", lambda: events.append("barrier"))
+    monkeypatch.setattr(C.tdist, "all_reduce", lambda t, op=None: None)
+    clock = iter(range(1000))
+    monkeypatch.setattr(time, "perf_counter", lambda: events.append("clock") or next(clock))
+    d = dist.Dist(rank=0, world_size=1, device=torch.device("cpu"), backend="gloo")
+    buf = torch.zeros(4)
+    times = C._slowest_times(d, lambda d, b: events.append("op"), buf, buf.clone(), 3, 2)
+    assert len(times) == 3  # 2 warm-up repeats left out
+    for i, e in enumerate(events):
+        if e == "clock":  # every clock read follows a synchronize (and the barrier after it)
+            assert "sync" in events[max(0, i - 2) : i], events[: i + 1]
+        if e == "op":
+            assert events[i + 1 : i + 3] == ["sync", "clock"], events[i : i + 3]

@@ -134,11 +134,12 @@ class _Runs:
         return _isolated(job, Path(tempfile.mkdtemp(prefix="dryrun-args-")))
 
     def fake(self, job: Job, gpu: str) -> list[dict]:
-        key = ("fake", job.digest(), tuple(job.spec["args"]), job.world, lookup(gpu).bf16)
+        limit = _host_limit(job)
+        key = ("fake", job.digest(), tuple(job.spec["args"]), job.world, lookup(gpu).bf16, limit)
         if key not in self.cache:
             self.cache[key] = run_fake(job.program, self._argv(job), job.world, gpu=gpu,
                                        gpus_per_node=job.spec["gpus_per_node"],
-                                       timeout=self.timeout)  # fmt: skip
+                                       timeout=self.timeout, host_limit=limit)  # fmt: skip
         return self.cache[key]
 
     def strict(self, job: Job) -> list[dict]:
@@ -151,17 +152,33 @@ class _Runs:
         return self.cache[key]
 
 
+def _host_share(job: Job) -> tuple[float | None, str]:
+    """(GiB the job gets on one node, where that figure comes from)."""
+    mem = _mem_gib(job.spec.get("mem") or "")
+    if mem is not None:
+        return mem, f"--mem={job.spec['mem']}"
+    per_gpu = job.spec.get("host_mem_per_gpu_gb") or 0
+    if per_gpu:
+        return per_gpu * job.spec["gpus_per_node"], "the node's share"
+    return None, "no limit known"
+
+
+def _host_limit(job: Job) -> tuple[int, str] | None:
+    """The host bytes one rank may hold: its share of the node's, less the process itself."""
+    have, source = _host_share(job)
+    if have is None:
+        return None
+    per_rank = have / job.spec["gpus_per_node"] - PROCESS_GIB
+    return int(per_rank * GIB), (f"{per_rank:.1f} GiB a rank ({source} over "
+                                 f"{job.spec['gpus_per_node']} ranks, less {PROCESS_GIB} GiB "
+                                 "for the process)")  # fmt: skip
+
+
 def _host_need(job: Job, results: list[dict]) -> tuple[float, float | None, str]:
     """(GiB the ranks of one node need, GiB the job gets there, where that comes from)."""
     per_rank = max(r.get("peak_bytes", {}).get("cpu", 0) for r in results) / GIB + PROCESS_GIB
-    need = per_rank * job.spec["gpus_per_node"]
-    mem = _mem_gib(job.spec.get("mem") or "")
-    if mem is not None:
-        return need, mem, f"--mem={job.spec['mem']}"
-    per_gpu = job.spec.get("host_mem_per_gpu_gb") or 0
-    if per_gpu:
-        return need, per_gpu * job.spec["gpus_per_node"], "the node's share"
-    return need, None, "no limit known"
+    have, source = _host_share(job)
+    return per_rank * job.spec["gpus_per_node"], have, source
 
 
 def _rows_for(job: Job, runs: _Runs, gpus: list[str]) -> list[Row]:

@@ -123,7 +123,8 @@ def main(spec_path: str) -> int:
     sys.argv = [str(program), *spec.get("argv", [])]
     sys.path.insert(0, str(program.parent))
     result: dict = {"rank": spec["rank"], "mode": spec["mode"], "ok": True}
-    tracker = FakeRank(spec.get("max_steps", 2)) if spec["mode"] == "fake" else None
+    limits = {"cpu": spec["host_limit"]} if spec.get("host_limit") else None
+    tracker = FakeRank(spec.get("max_steps", 2), limits) if spec["mode"] == "fake" else None
     progress = _Progress(spec.get("max_steps", 2)) if tracker is None else tracker
     _run_program(program, tracker, progress, result)
     result.update(reached=progress.reached, steps=progress.steps,

@@ -68,17 +68,27 @@ def _has_fake(t: torch.Tensor) -> bool:
     return False
 
 
-class _Storages:
-    """Live bytes by device type, with their peaks."""
+class MemoryLimit(RuntimeError):
+    """A rank's host memory went past its share of the job's: raised where it happened."""
 
-    def __init__(self):
+
+class _Storages:
+    """Live bytes by device type, with their peaks; past a limit, MemoryLimit."""
+
+    def __init__(self, limits: dict[str, tuple[int, str]] | None = None):
         self.live = WeakIdKeyDictionary()  # storage -> [device type, bytes], updated on resize
         self.now: dict[str, int] = {}
         self.peak: dict[str, int] = {}
+        self.limits = dict(limits or {})  # device -> (bytes, what the limit is)
 
     def _add(self, device: str, delta: int) -> None:
         self.now[device] = self.now.get(device, 0) + delta
         self.peak[device] = max(self.peak.get(device, 0), self.now[device])
+        limit = self.limits.get(device)
+        if delta > 0 and limit and self.now[device] > limit[0]:
+            del self.limits[device]  # once: the program's own except clauses may go on
+            raise MemoryLimit(f"{device} memory of this rank reached {self.now[device] / 2**30:.1f} "
+                              f"GiB, past its share: {limit[1]}")  # fmt: skip
 
     def see(self, t: torch.Tensor) -> None:
         if is_traceable_wrapper_subclass(t):  # a DTensor: count its local shard, not its size
@@ -107,10 +117,10 @@ class _Storages:
 class FakeRank(TorchDispatchMode):
     """Run a program as one rank of a large job: see the module docstring."""
 
-    def __init__(self, max_steps: int = 2):
+    def __init__(self, max_steps: int = 2, limits: dict | None = None):
         super().__init__()
         self.fake = FakeTensorMode(allow_non_fake_inputs=True)
-        self.storages = _Storages()
+        self.storages = _Storages(limits)
         self.max_steps = max_steps
         self.reached = "started"
         self.steps = 0
