@@ -198,3 +198,14 @@ def test_orders_are_torchs(name):
                     assert PP.torch_order(sched, p) == S.orders(name, p, m, v), (p, m, v)
                     compared += 1
     assert compared > 20
+
+
+def test_explorers_slow_stage_sets_the_pace():
+    from helpers.viz.pipeline import stage_times
+
+    tf, tb = stage_times(4, 1.0, 2.0, slow=2, slowdown=2.0)
+    assert tf == [1, 1, 2, 1] and tb == [2, 2, 4, 2]
+    tl = S.simulate("1f1b", 4, 8, tf, tb)
+    busy = tl.busy
+    assert tl.makespan > S.simulate("1f1b", 4, 8, 1, 2).makespan and busy[2] == max(busy)
+    assert stage_times(4, 1.0, 2.0, slow=7, slowdown=3.0) == ([1.0] * 4, [2.0] * 4)
