@@ -37,7 +37,9 @@ class LlamaStage(nn.Module):
         super().__init__()
         n = model.args.n_layers
         if not 0 <= first < last <= n:
-            raise ValueError(f"a stage needs 0 <= first < last <= {n} layers, got [{first}, {last})")
+            raise ValueError(
+                f"a stage needs 0 <= first < last <= {n} layers, got [{first}, {last})"
+            )
         self.first, self.last, self.args = first, last, model.args
         self.tok_embeddings = model.tok_embeddings if first == 0 else None
         self.layers = nn.ModuleDict({str(i): model.layers[str(i)] for i in range(first, last)})
@@ -55,7 +57,9 @@ class LlamaStage(nn.Module):
             if name.endswith("norm.weight"):
                 local.fill_(1.0)
                 continue
-            g = torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+            g = torch.Generator(device="cpu").manual_seed(
+                seed * 1_000_003 + zlib.crc32(name.encode())
+            )
             local.copy_(torch.randn(local.shape, generator=g) * 0.02)
         args = self.args
         self.rope = llama2.rotary_tables(args.head_dim, args.max_seq_len, args.rope_theta).to(

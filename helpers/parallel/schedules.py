@@ -156,7 +156,7 @@ def _looped(p: int, m: int, v: int, hops: int, zero_bubble: bool) -> list[list[O
         bwd_chunk = [v - 1 - (j // per_round) % v for j in range(m * v)]
         seen: dict[tuple, int] = {}
 
-        def op(kind: str, chunk: int) -> Op:
+        def op(kind: str, chunk: int, seen: dict = seen) -> Op:
             mb = seen.get((kind, chunk), 0)
             seen[(kind, chunk)] = mb + 1
             return Op(kind, mb, chunk)

@@ -105,7 +105,9 @@ def explorer(schedule: str = "1f1b", p: int = 4, m: int = 8, v: int = 2):
         "tb": W.FloatSlider(value=2.0, min=0.1, max=8, step=0.1, description="tb", **sl),
         "latency": W.FloatSlider(value=0.0, min=0, max=2, step=0.05, description="latency", **sl),
         "slow": W.IntSlider(value=0, min=0, max=7, description="slow stage", **sl),
-        "slowdown": W.FloatSlider(value=1.0, min=1, max=4, step=0.25, description="its slowdown", **sl),
+        "slowdown": W.FloatSlider(
+            value=1.0, min=1, max=4, step=0.25, description="its slowdown", **sl
+        ),
     }
     out = W.Output()
 
@@ -114,7 +116,9 @@ def explorer(schedule: str = "1f1b", p: int = 4, m: int = 8, v: int = 2):
         out.clear_output(wait=True)
         with out:
             try:
-                tf, tb = stage_times(vals["p"], vals["tf"], vals["tb"], vals["slow"], vals["slowdown"])
+                tf, tb = stage_times(
+                    vals["p"], vals["tf"], vals["tb"], vals["slow"], vals["slowdown"]
+                )
                 tl = simulate(vals["schedule"], vals["p"], vals["m"], tf, tb, vals["latency"],
                               v=vals["v"])  # fmt: skip
             except ValueError as e:

@@ -99,7 +99,9 @@ def _replay(order, held, freed_by_b):
     return peak
 
 
-@pytest.mark.parametrize("schedule,v", [("gpipe", 1), ("1f1b", 1), ("zb-h1", 1), ("interleaved", 2)])
+@pytest.mark.parametrize(
+    "schedule,v", [("gpipe", 1), ("1f1b", 1), ("zb-h1", 1), ("interleaved", 2)]
+)
 def test_saved_activations_follow_the_schedule(schedule, v):
     # 16 x (Linear, Tanh) on 4 ranks, micro-batches of ROWS/4 rows. A chunk of k layers saves,
     # per micro-batch in flight, the output of each Tanh (= the next Linear's input) and its
@@ -120,7 +122,9 @@ def test_saved_activations_follow_the_schedule(schedule, v):
     if schedule == "1f1b":  # stage 0 holds the most
         assert saved == one_f_one_b and saved[0] == max(saved)
     if schedule == "zb-h1":  # W held back downstream: later stages hold more than in 1F1B
-        assert saved[0] == one_f_one_b[0] and all(z > o for z, o in zip(saved[1:], one_f_one_b[1:]))
+        assert saved[0] == one_f_one_b[0] and all(
+            z > o for z, o in zip(saved[1:], one_f_one_b[1:], strict=True)
+        )
 
 
 def test_each_boundary_carries_one_activation_and_one_gradient_per_micro_batch():

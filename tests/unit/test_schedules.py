@@ -61,7 +61,9 @@ def test_equal_stages_match_seed_closed_forms(name, p, m):
     assert idle / sum(tl.busy) == pytest.approx(cf["overhead"]) == pytest.approx((p - 1) / m)
 
 
-@pytest.mark.parametrize("p,m,v", [(2, 4, 2), (2, 8, 3), (4, 8, 2), (4, 8, 4), (3, 6, 2), (4, 12, 2)])
+@pytest.mark.parametrize(
+    "p,m,v", [(2, 4, 2), (2, 8, 3), (4, 8, 2), (4, 8, 4), (3, 6, 2), (4, 12, 2)]
+)
 def test_interleaving_divides_the_bubble_by_v(p, m, v):
     for tf, tb in [(1.0, 1.0), (1.0, 2.0)]:
         plain = S.simulate("1f1b", p, m, tf, tb)
@@ -137,7 +139,9 @@ def test_simulation_fed_with_a_timeline_reproduces_it(schedule, v):
     # and its latency again (no per-op overhead), and give the same bubble and makespan.
     from helpers.parallel import pipeline_measure as PM
 
-    truth = S.simulate(schedule, 2, 4, tf=[1.0, 1.5], tb=[2.0, 3.0], latency=0.25, v=v, tw=[0.8, 1.0])
+    truth = S.simulate(
+        schedule, 2, 4, tf=[1.0, 1.5], tb=[2.0, 3.0], latency=0.25, v=v, tw=[0.8, 1.0]
+    )
     again = PM.simulate_like(truth, schedule, v=v)
     assert again.makespan == pytest.approx(truth.makespan)
     assert again.bubble == pytest.approx(truth.bubble)
