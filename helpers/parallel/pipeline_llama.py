@@ -7,9 +7,11 @@
 Every boundary carries one tensor h of B x S x dim numbers forward, and its gradient back:
 the pipeline's whole traffic. The embedding is a lookup (parameters, almost no FLOPs); the
 output layer is a dim x vocab matrix product on every token: with an even split of the
-layers, the last stage is the slowest and the first holds the most parameters. Megatron-LM
+layers, the last stage is the slowest, and the first and the last hold the most parameters
+(the first also holds 1F1B's most micro-batches in flight: its memory peaks). Megatron-LM
 moves layers off the end stages for it (``--decoder-first-pipeline-num-layers``,
-``--decoder-last-pipeline-num-layers``, ``--account-for-loss-in-pipeline-split``);
+``--decoder-last-pipeline-num-layers``, ``--account-for-embedding-in-pipeline-split``,
+``--account-for-loss-in-pipeline-split``);
 ``balanced_bounds`` cuts by FLOPs instead.
 """
 
