@@ -32,11 +32,21 @@ from torch.distributed.pipelining import (
 )
 
 from helpers.dist import Dist
-from helpers.parallel.pipeline_measure import SavedBytes, SentBytes, timed
+from helpers.parallel.pipeline_measure import (  # re-exported: 08 reads them from here
+    SavedBytes,
+    SentBytes,
+    gaps,
+    measured_timeline,
+    peak_in_flight,
+    simulate_like,
+    stage_means,
+    timed,
+)
 from helpers.parallel.schedules import Op
 
 __all__ = ["TORCH_SCHEDULES", "mlp", "cut", "stage_of", "timed", "run_schedule",
-           "run_stages", "serial_reference", "run_hybrid", "torch_order", "chunks"]  # fmt: skip
+           "run_stages", "serial_reference", "run_hybrid", "torch_order", "chunks",
+           "measured_timeline", "stage_means", "simulate_like", "gaps", "peak_in_flight"]  # fmt: skip
 
 TORCH_SCHEDULES = {
     "gpipe": ScheduleGPipe,
