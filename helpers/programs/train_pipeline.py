@@ -88,7 +88,7 @@ def _model_args(cfg: PipelineConfig) -> llama2.ModelArgs:
     return llama2.config(cfg.model, **over, max_seq_len=max(base.max_seq_len, cfg.seq_len))
 
 
-def build_stages(d: dist.Dist, cfg: PipelineConfig, pp_rank: int, group):
+def build_stages(d: dist.Dist, cfg: PipelineConfig, pp_rank: int, micro: int, group):
     """This rank's PipelineStages: model stages pp_rank, pp_rank + pp, ... (one per chunk)."""
     args = _model_args(cfg)
     n_stages = cfg.pp * cfg.chunks
@@ -100,7 +100,21 @@ def build_stages(d: dist.Dist, cfg: PipelineConfig, pp_rank: int, group):
         module = LlamaStage(whole, bounds[ms], bounds[ms + 1])
         module.to_empty(device=d.device)
         module.init_weights(cfg.seed)
-        stages.append(PipelineStage(module, ms, n_stages, d.device, group=group))
+        # shapes and dtypes given up front ("static" metadata): no shape-inference messages
+        # requires_grad: the received h needs a gradient, which goes back to the stage before
+        h = torch.empty(micro, cfg.seq_len, args.dim, device="meta", requires_grad=True)
+        first, last = ms == 0, ms == n_stages - 1
+        meta = {
+            "input_args": torch.empty(micro, cfg.seq_len, dtype=torch.long, device="meta")
+            if first
+            else h,
+            "output_args": torch.empty(micro, cfg.seq_len, args.vocab_size, device="meta")
+            if last
+            else h,
+            "input_grads": None if first else h,  # tokens have no gradient
+            "output_grads": None if last else h,  # the loss starts the backward
+        }
+        stages.append(PipelineStage(module, ms, n_stages, d.device, group=group, **meta))
     return args, stages
 
 
@@ -115,7 +129,7 @@ def train(d: dist.Dist, cfg: PipelineConfig) -> dict:
     dp, micro = _check(cfg, d.world_size, _model_args(cfg).n_layers)
     mesh = init_device_mesh(d.device.type, (cfg.pp, dp), mesh_dim_names=("pp", "dp"))
     pp_rank, dp_rank = mesh["pp"].get_local_rank(), mesh["dp"].get_local_rank()
-    args, stages = build_stages(d, cfg, pp_rank, mesh["pp"].get_group())
+    args, stages = build_stages(d, cfg, pp_rank, micro, mesh["pp"].get_group())
     cls = SCHEDULES[cfg.schedule]
     multi = cfg.schedule in ("interleaved", "zb")
     sched = cls(stages if multi else stages[0], n_microbatches=cfg.microbatches, loss_fn=_loss)
