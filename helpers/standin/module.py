@@ -86,6 +86,12 @@ class GpuModule:
     def manual_seed_all(self, seed):
         pass
 
+    def get_rng_state(self, device=None):  # torch.random.fork_rng (pipelining's shape inference)
+        return torch.zeros(1, dtype=torch.uint8)
+
+    def set_rng_state(self, state, device=None):
+        pass
+
     def synchronize(self, device=None):
         pass
 

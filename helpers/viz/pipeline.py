@@ -77,8 +77,17 @@ def plot_measured_vs_simulated(pairs, measured_on: str):
     return fig
 
 
+def stage_times(p: int, tf: float, tb: float, slow: int, slowdown: float):
+    """Per-stage forward and backward times: every stage tf, tb, stage ``slow`` ``slowdown``
+    times as long (a stage past the last one, or slowdown 1, leaves all stages equal)."""
+    factor = [slowdown if s == slow else 1.0 for s in range(p)]
+    return [tf * f for f in factor], [tb * f for f in factor]
+
+
 def explorer(schedule: str = "1f1b", p: int = 4, m: int = 8, v: int = 2):
     """An ipywidgets explorer: pick a schedule and its numbers, see the chart and the figures.
+
+    "slow stage" and "its slowdown" make one stage's forward and backward longer.
 
     Returns the widget (display it as the cell's last line). Without a browser (papermill)
     the first chart is still drawn into the output, so the cell runs headless.
@@ -95,6 +104,10 @@ def explorer(schedule: str = "1f1b", p: int = 4, m: int = 8, v: int = 2):
         "tf": W.FloatSlider(value=1.0, min=0.1, max=4, step=0.1, description="tf", **sl),
         "tb": W.FloatSlider(value=2.0, min=0.1, max=8, step=0.1, description="tb", **sl),
         "latency": W.FloatSlider(value=0.0, min=0, max=2, step=0.05, description="latency", **sl),
+        "slow": W.IntSlider(value=0, min=0, max=7, description="slow stage", **sl),
+        "slowdown": W.FloatSlider(
+            value=1.0, min=1, max=4, step=0.25, description="its slowdown", **sl
+        ),
     }
     out = W.Output()
 
@@ -103,19 +116,24 @@ def explorer(schedule: str = "1f1b", p: int = 4, m: int = 8, v: int = 2):
         out.clear_output(wait=True)
         with out:
             try:
-                tl = simulate(vals["schedule"], vals["p"], vals["m"], vals["tf"], vals["tb"],
-                              vals["latency"], v=vals["v"])  # fmt: skip
+                tf, tb = stage_times(
+                    vals["p"], vals["tf"], vals["tb"], vals["slow"], vals["slowdown"]
+                )
+                tl = simulate(vals["schedule"], vals["p"], vals["m"], tf, tb, vals["latency"],
+                              v=vals["v"])  # fmt: skip
             except ValueError as e:
                 print(f"cannot simulate: {e}")
                 return
             fig = plot_timeline(tl)
             display(fig)
             plt.close(fig)
-            print(f"bubble fraction: {tl.bubble:.3f}   speedup over one device: {tl.speedup:.2f}x"
-                  f"   peak in-flight activations per stage: {tl.peak_activations}")  # fmt: skip
+            print(f"bubble fraction {tl.bubble:.3f} (idle / p x makespan), bubble overhead "
+                  f"{tl.overhead:.3f} (idle / busy), speedup over one device {tl.speedup:.2f}x\n"
+                  f"per stage: tf {tf}, tb {tb}; peak in-flight activations {tl.peak_activations}")  # fmt: skip
 
     for c in controls.values():
         c.observe(redraw, names="value")
     redraw()
-    box = W.VBox([W.HBox(list(controls.values())[:4]), W.HBox(list(controls.values())[4:]), out])
+    rows = list(controls.values())
+    box = W.VBox([W.HBox(rows[:4]), W.HBox(rows[4:7]), W.HBox(rows[7:]), out])
     return box
