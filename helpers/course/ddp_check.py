@@ -130,10 +130,15 @@ def order_problems(order: list[tuple], buckets: list[list[int]], numels: list[in
     return problems
 
 
-def _on_ranks(d, wrap, cases, folder, exercise):
-    """Every case (steps, lr, tamper) on this rank, each its own recording and hold flag."""
-    return [train_watched(d, wrap, steps, lr, os.path.join(folder, f"done-{i}"), tamper, exercise)
-            for i, (steps, lr, tamper) in enumerate(cases)]  # fmt: skip
+def _on_ranks(d, wraps, cases, folder, exercise, hold):
+    """Every case (steps, lr, tamper) on this rank, each its own recording and hold flag.
+    Once a hold has waited in vain, the later cases do not hold (the first one fails)."""
+    out = []
+    for i, (wrap, (steps, lr, tamper)) in enumerate(zip(wraps, cases, strict=True)):
+        flag = os.path.join(folder, f"done-{i}") if hold else None
+        out.append(train_watched(d, wrap, steps, lr, flag, tamper, exercise))
+        hold = hold and out[-1]["held_ok"]
+    return out
 
 
 @dataclass
@@ -147,13 +152,19 @@ class Run:
 
 
 def run_cases(
-    world: int, wrap: Callable, cases: list[tuple], exercise: str = "your DDP"
+    world: int,
+    wrap: Callable | list[Callable],
+    cases: list[tuple],
+    hold: bool = False,
+    exercise: str = "your DDP",
 ) -> list[Run]:
-    """Each case (steps, lr, tamper or None) of ``wrap`` on ``world`` ranks, in one spawn."""
+    """Each case (steps, lr, tamper or None) of ``wrap`` (or of its wrap in a list, one per
+    case) on ``world`` ranks, in one spawn. hold: rank 1 holds its first gradient hook until
+    rank 0's backward has returned (the overlap check; a waiting hook costs HOLD_S)."""
+    wraps = wrap if isinstance(wrap, list) else [wrap] * len(cases)
     with EventLog() as log, tempfile.TemporaryDirectory(prefix="lab6-") as folder:
-        results = spawn(
-            _on_ranks, world_size=world, args=(wrap, cases, folder, exercise), timeout=60
-        )
+        args = (wraps, cases, folder, exercise, hold)
+        results = spawn(_on_ranks, world_size=world, args=args, timeout=60)
     runs = []
     for i in range(len(cases)):
         orders, sent = [], []

@@ -103,9 +103,10 @@ class _Order(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _watch_grads(params, out, rank: int, flag: str) -> list:
-    """Hooks, registered before the learner's: stream 'grad i'; rank 1 holds its first."""
-    state = {"step": 0, "first": True}
+def _watch_grads(params, out, rank: int, flag: str | None) -> list:
+    """Hooks, registered before the learner's: stream 'grad i'; rank 1 holds its first
+    (unless flag is None) until the file ``flag`` exists."""
+    state = {"step": 0, "first": flag is not None, "held_ok": True}
 
     def make(i):
         def hook(p):
@@ -116,15 +117,16 @@ def _watch_grads(params, out, rank: int, flag: str) -> list:
                 deadline = time.monotonic() + HOLD_S
                 while not os.path.exists(flag) and time.monotonic() < deadline:
                     time.sleep(0.005)
+                state["held_ok"] = os.path.exists(flag)
                 if out is not None:
-                    out.send({"kind": "held", "ok": os.path.exists(flag)})
+                    out.send({"kind": "held", "ok": state["held_ok"]})
 
         return hook
 
     return [p.register_post_accumulate_grad_hook(make(i)) for i, p in enumerate(params)], state
 
 
-def train_watched(d, wrap: Callable, steps: int, lr: float, flag: str, tamper: Tamper | None = None,
+def train_watched(d, wrap: Callable, steps: int, lr: float, flag: str | None, tamper: Tamper | None = None,
                   exercise: str = "your DDP") -> dict:  # fmt: skip
     """On this rank: TinyNet(seed=rank) wrapped by ``wrap(model)``, ``steps`` SGD steps on
     this rank's batches (backward, ``finish()``, step), watched as the module docstring says.
@@ -146,7 +148,7 @@ def train_watched(d, wrap: Callable, steps: int, lr: float, flag: str, tamper: T
                     x, y = batch(step, d.rank)
                     model.zero_grad(set_to_none=True)
                     nn.functional.cross_entropy(net(x), y).backward()
-                    if step == 0 and d.rank == 0:
+                    if step == 0 and d.rank == 0 and flag is not None:
                         open(flag, "w").close()  # rank 0's backward has returned
                     net.finish()
                     grads.append(torch.cat([p.grad.flatten() for p in trainable(model)]))
@@ -156,7 +158,7 @@ def train_watched(d, wrap: Callable, steps: int, lr: float, flag: str, tamper: T
             h.remove()
         if out is not None:
             out.close()
-    return {"start": start, "grads": grads, "final": flat_state(model)}
+    return {"start": start, "grads": grads, "final": flat_state(model), "held_ok": state["held_ok"]}
 
 
 def single_process(world: int, steps: int, lr: float) -> dict:
