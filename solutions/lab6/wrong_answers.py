@@ -26,7 +26,8 @@ class OverlapDDP(nn.Module):
                 p.register_post_accumulate_grad_hook(self._hook)
 
     def _hook(self, p: torch.Tensor) -> None:
-        # p.grad is complete for this backward: send it now, wait later.
+        """Registered on each trainable p; autograd calls it once p.grad is complete."""
+        # Send it now, wait later.
         self.pending.append((tdist.all_reduce(p.grad, async_op=True), p))
 
     def forward(self, *args, **kwargs):
@@ -65,7 +66,8 @@ class OverlapDDP(nn.Module):
                 p.register_post_accumulate_grad_hook(self._hook)
 
     def _hook(self, p: torch.Tensor) -> None:
-        # p.grad is complete for this backward: send it now, wait later.
+        """Registered on each trainable p; autograd calls it once p.grad is complete."""
+        # Send it now, wait later.
         self.pending.append((tdist.all_reduce(p.grad, async_op=True), p))
 
     def forward(self, *args, **kwargs):
@@ -103,7 +105,8 @@ class OverlapDDP(nn.Module):
                 p.register_post_accumulate_grad_hook(self._hook)
 
     def _hook(self, p: torch.Tensor) -> None:
-        # p.grad is complete for this backward: send it now, wait later.
+        """Registered on each trainable p; autograd calls it once p.grad is complete."""
+        # Send it now, wait later.
         tdist.all_reduce(p.grad)  # blocks until every rank has sent its part
         p.grad /= self.world_size
 
@@ -137,7 +140,8 @@ class OverlapDDP(nn.Module):
         self.pending = []  # (work, parameter) of the all-reduces in flight
 
     def _hook(self, p: torch.Tensor) -> None:
-        # p.grad is complete for this backward: send it now, wait later.
+        """Registered on each trainable p; autograd calls it once p.grad is complete."""
+        # Send it now, wait later.
         self.pending.append((tdist.all_reduce(p.grad, async_op=True), p))
 
     def forward(self, *args, **kwargs):
@@ -195,6 +199,7 @@ class BucketedDDP(nn.Module):
             p.register_post_accumulate_grad_hook(self._hook)
 
     def _hook(self, p: torch.Tensor) -> None:
+        """Registered on each trainable p; autograd calls it once p.grad is complete."""
         b = self.bucket_of[id(p)]
         self.ready[b] += 1
         if self.ready[b] == len(self.buckets[b]):  # the bucket's last gradient: send it now
@@ -325,6 +330,7 @@ class BucketedDDP(nn.Module):
             p.register_post_accumulate_grad_hook(self._hook)
 
     def _hook(self, p: torch.Tensor) -> None:
+        """Registered on each trainable p; autograd calls it once p.grad is complete."""
         b = self.bucket_of[id(p)]
         self.ready[b] += 1
         if self.ready[b] == len(self.buckets[b]):  # the bucket's last gradient: send it now
@@ -388,6 +394,7 @@ class BucketedDDP(nn.Module):
             p.register_post_accumulate_grad_hook(self._hook)
 
     def _hook(self, p: torch.Tensor) -> None:
+        """Registered on each trainable p; autograd calls it once p.grad is complete."""
         b = self.bucket_of[id(p)]
         self.ready[b] += 1
         if self.ready[b] == len(self.buckets[b]):  # the bucket's last gradient: send it now
@@ -451,6 +458,7 @@ class BucketedDDP(nn.Module):
             p.register_post_accumulate_grad_hook(self._hook)
 
     def _hook(self, p: torch.Tensor) -> None:
+        """Registered on each trainable p; autograd calls it once p.grad is complete."""
         b = self.bucket_of[id(p)]
         self.ready[b] += 1
         if self.ready[b] == len(self.buckets[b]):  # the bucket's last gradient: send it now
@@ -515,6 +523,7 @@ class BucketedDDP(nn.Module):
                 p.register_post_accumulate_grad_hook(self._hook)
 
     def _hook(self, p: torch.Tensor) -> None:
+        """Registered on each trainable p; autograd calls it once p.grad is complete."""
         b = self.bucket_of[id(p)]
         self.ready[b] += 1
         if self.ready[b] == len(self.buckets[b]):  # the bucket's last gradient: send it now
@@ -577,6 +586,7 @@ class BucketedDDP(nn.Module):
             p.register_post_accumulate_grad_hook(self._hook)
 
     def _hook(self, p: torch.Tensor) -> None:
+        """Registered on each trainable p; autograd calls it once p.grad is complete."""
         b = self.bucket_of[id(p)]
         self.ready[b] += 1
         if self.ready[b] == len(self.buckets[b]):  # the bucket's last gradient: send it now
@@ -687,6 +697,7 @@ class BucketedDDP(nn.Module):
             p.register_post_accumulate_grad_hook(self._hook)
 
     def _hook(self, p: torch.Tensor) -> None:
+        """Registered on each trainable p; autograd calls it once p.grad is complete."""
         b = self.bucket_of[id(p)]
         self.ready[b] += 1
         if self.ready[b] == len(self.buckets[b]):  # the bucket's last gradient: send it now
