@@ -157,68 +157,46 @@ class OverlapDDP(nn.Module):
             p.grad.copy_(piece.view_as(p))
         ### END SOLUTION
 
-# === wrong: tied_counted_twice
-# Walks named_parameters(remove_duplicate=False): the tied embedding is bucketed twice,
-# gets two hooks, and its gradient travels twice in one bucket (the buckets are not the cap's).
-# %% cell: bucketed_ddp
-%%program lab6_buckets
+# === wrong: tied_hooked_twice
+# Registers its hooks module by module (parameters(recurse=False) of each module): the
+# tied embedding, which belongs to two modules, gets two hooks, so its gradient is all-reduced
+# twice and divided twice.
+# %% cell: overlap_ddp
+%%program lab6_overlap
 import torch
 import torch.distributed as tdist
 from torch import nn
 
 
-def assign_buckets(params: list, cap_bytes: int) -> list:
-    """Indices of params per bucket: reverse order, each bucket at most cap_bytes (or one param)."""
-    buckets, size = [], 0
-    for i in reversed(range(len(params))):
-        nbytes = params[i].numel() * params[i].element_size()
-        if buckets and size + nbytes <= cap_bytes:
-            buckets[-1].append(i)
-            size += nbytes
-        else:
-            buckets.append([i])
-            size = nbytes
-    return buckets
+class OverlapDDP(nn.Module):
+    """Data parallelism that overlaps: one asynchronous all-reduce per parameter, from its hook."""
 
-
-class BucketedDDP(nn.Module):
-    """Data parallelism with buckets: one asynchronous all-reduce per bucket, when it is complete."""
-
-    def __init__(self, module: nn.Module, bucket_cap_bytes: int):
+    def __init__(self, module: nn.Module):
         super().__init__()
         self.module = module
         self.world_size = tdist.get_world_size()
-        for t in [*module.parameters(), *module.buffers()]:
+        for t in [*module.parameters(), *module.buffers()]:  # replicas start from rank 0's state
             tdist.broadcast(t.data, src=0)
-        self.params = [p for _, p in module.named_parameters(remove_duplicate=False) if p.requires_grad]
-        self.buckets = assign_buckets(self.params, bucket_cap_bytes)
-        self.bucket_of = {id(self.params[i]): b for b, members in enumerate(self.buckets) for i in members}
-        self.ready = [0] * len(self.buckets)  # gradients ready per bucket in this backward
-        self.pending = []  # (work, bucket, flat tensor) in flight
-        for p in self.params:
-            p.register_post_accumulate_grad_hook(self._hook)
+        self.pending = []  # (work, parameter) of the all-reduces in flight
+        for m in module.modules():
+            for p in m.parameters(recurse=False):
+                if p.requires_grad:
+                    p.register_post_accumulate_grad_hook(self._hook)
 
     def _hook(self, p: torch.Tensor) -> None:
         """Registered on each trainable p; autograd calls it once p.grad is complete."""
-        b = self.bucket_of[id(p)]
-        self.ready[b] += 1
-        if self.ready[b] == len(self.buckets[b]):  # the bucket's last gradient: send it now
-            flat = torch.cat([self.params[i].grad.flatten() for i in self.buckets[b]])
-            self.pending.append((tdist.all_reduce(flat, async_op=True), b, flat))
+        # Send it now, wait later.
+        self.pending.append((tdist.all_reduce(p.grad, async_op=True), p))
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
 
     def finish(self) -> None:
-        """Wait for every bucket; copy the averages back into each .grad."""
-        for work, b, flat in self.pending:
+        """Wait for every all-reduce started in this backward; leave each .grad the mean."""
+        for work, p in self.pending:
             work.wait()
-            flat /= self.world_size
-            members = [self.params[i] for i in self.buckets[b]]
-            for p, piece in zip(members, flat.split([m.numel() for m in members])):
-                p.grad.copy_(piece.view_as(p))
+            p.grad /= self.world_size  # the all-reduce summed
         self.pending.clear()
-        self.ready = [0] * len(self.buckets)
         ### END SOLUTION
 
 # === wrong: decoy_zeros_on_the_wire
