@@ -89,14 +89,17 @@ hub: setup
 hub-down:
 	bash slurm/hub/stop.sh
 
-# The tests that mostly wait (Slurm's queue, JupyterLab and the browser: tests/slurm,
-# tests/browser) run beside the rest, in a second pytest whose report follows the first's.
-# Each half prints its own summary and --durations; the target fails if either half fails.
-WAITING := tests/slurm tests/browser
+# Two pytest sessions side by side, so that both cores work: (1) the tests that mostly wait
+# (Slurm's queue, JupyterLab and the browser: tests/slurm, tests/browser), then the autograde
+# round trip (one process at a time: a kernel per submission); (2) everything else, the
+# notebooks first (their timing lessons meet only the waiting tests). The second session's
+# log (build/test-waiting.log) follows the first's summary; the target fails if either fails.
+WAITING := tests/slurm tests/browser tests/grading/test_autograde.py
+REST    := tests/notebooks tests/grading tests/distributed tests/unit
 test: setup lint slurm-up
 	@rm -rf build/dryrun/rows && mkdir -p build
 	@WORKBOOK_KEEP_DRYRUN_ROWS=1 $(PY) -m pytest $(WAITING) $(PYTEST_ARGS) >build/test-waiting.log 2>&1 & waiting=$$!; \
-	WORKBOOK_KEEP_DRYRUN_ROWS=1 $(PY) -m pytest $(addprefix --ignore=,$(WAITING)) $(PYTEST_ARGS); rest=$$?; \
+	WORKBOOK_KEEP_DRYRUN_ROWS=1 $(PY) -m pytest $(REST) $(addprefix --ignore=,$(WAITING)) $(PYTEST_ARGS); rest=$$?; \
 	wait $$waiting; waited=$$?; \
 	echo "=== $(WAITING), run beside the tests above (build/test-waiting.log) ==="; \
 	cat build/test-waiting.log; \

@@ -97,6 +97,9 @@ def _prefix_match(module: str, table: dict[str, str]) -> str | None:
     return None
 
 
+IPYTHON_BUILTINS = {"display", "get_ipython", "__IPYTHON__", "dreload"}
+
+
 class _Checker(ast.NodeVisitor):
     """Walks one cell; module-level bindings and function scopes are told apart."""
 
@@ -107,7 +110,9 @@ class _Checker(ast.NodeVisitor):
         self.imported: set[str] = set(policy.lab_bindings)  # names bound to modules/imports
         self.module_of: dict[str, str] = dict(policy.lab_bindings)  # name -> dotted import
         self.refused_paths: set[tuple[int, str]] = set()  # (line, refused module) reported
-        self.builtin_names = set(dir(builtins))
+        # Python's builtins, not what an IPython shell in this process adds to them (display,
+        # get_ipython): the answer must not depend on where the guard runs.
+        self.builtin_names = set(dir(builtins)) - IPYTHON_BUILTINS
 
     def refuse(self, node: ast.AST, construct: str, why: str, grader: bool = True) -> None:
         self.found.append(Refusal(getattr(node, "lineno", 1), construct, why, grader))

@@ -102,8 +102,8 @@ ARGS_7B = ["--model", "7B", "--tp", "2", "--seq-len", "1024", "--batch-size", "8
 
 
 def test_7b_is_built_on_the_meta_device_not_in_host_memory(runs, tmp_path):
-    """Engaging, 1 node x 4 GPUs, --mem=30GB. Building the whole model on every rank's host
-    needs 4 x 27 GB; built on the meta device, each rank holds only the largest full
+    """Engaging, 1 node x 4 GPUs, --mem=80GB (20 GB per GPU). Building the whole model on every
+    rank's host needs 4 x 27 GB; built on the meta device, each rank holds only the largest full
     parameter at a time while it initialises its shards."""
     old = tmp_path / "train_llama_before.py"
     old.write_text(OLD_BUILD)
@@ -116,6 +116,6 @@ def test_7b_is_built_on_the_meta_device_not_in_host_memory(runs, tmp_path):
     before, after = rows["llama7b-host"], rows["llama7b-meta"]
     # stopped where the host memory ran out: while initialising the whole model
     assert not before.ok and "MemoryLimit: cpu memory of this rank reached" in before.reached
-    assert "init_weights" in before.reached and "--mem=30GB over 4 ranks" in before.reached
+    assert "init_weights" in before.reached and "--mem=80GB over 4 ranks" in before.reached
     assert after.ok, after
     assert float(after.host_mem.split()[0]) < 4 * 4  # 4 ranks: the process and one parameter

@@ -107,14 +107,20 @@ INTERRUPTED_SPAWN = textwrap.dedent(
     from helpers import launch
 
     def sleeper(d):
+        open(f"running{d.rank}", "w").close()
         time.sleep(600)
 
     def healthy(d):
         return d.rank
 
+    def interrupt_once_running():
+        while not (os.path.exists("running0") and os.path.exists("running1")):
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
     launch.warm_up()
-    # Ctrl-C arrives while the ranks are running.
-    threading.Timer(3.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    # Ctrl-C arrives while the ranks are running (however long a busy machine takes to start them).
+    threading.Thread(target=interrupt_once_running, daemon=True).start()
     try:
         launch.spawn(sleeper, world_size=2, timeout=600)
     except KeyboardInterrupt:

@@ -101,6 +101,17 @@ def test_honest_code_runs(name):
     assert scan(HONEST[name], POLICY) == []
 
 
+def test_an_ipython_shell_in_the_process_changes_nothing():
+    # An IPython shell adds display and get_ipython to builtins; the guard reads the same either way.
+    from IPython.core.interactiveshell import InteractiveShell
+
+    InteractiveShell.instance()
+    import builtins
+
+    assert "display" in dir(builtins)
+    assert scan(HONEST["display"], POLICY) == []
+
+
 def test_a_refused_cell_names_its_line():
     code = "x = 1\ny = 2\nip = get_ipython()\n"
     (refusal,) = scan(code, POLICY)
