@@ -92,14 +92,17 @@ hub-down:
 # Two pytest sessions side by side, so that both cores work: (1) the tests that mostly wait
 # (Slurm's queue, JupyterLab and the browser: tests/slurm, tests/browser), then the autograde
 # round trip (one process at a time: a kernel per submission); (2) everything else, the
-# notebooks first (their timing lessons meet only the waiting tests). The second session's
-# log (build/test-waiting.log) follows the first's summary; the target fails if either fails.
+# notebooks first (their timing lessons meet only the waiting tests), and last the lab jobs
+# (papermill, a Slurm job and the dry run each: CPU work, which balances the two sessions).
+# The second session's log (build/test-waiting.log) follows the first's summary; the target
+# fails if either fails.
 WAITING := tests/slurm tests/browser tests/grading/test_autograde.py
-REST    := tests/notebooks tests/grading tests/distributed tests/unit
+LABJOBS := tests/slurm/test_lab_jobs.py
+REST    := tests/notebooks tests/grading tests/distributed tests/unit $(LABJOBS)
 test: setup lint slurm-up
 	@rm -rf build/dryrun/rows && mkdir -p build
-	@WORKBOOK_KEEP_DRYRUN_ROWS=1 $(PY) -m pytest $(WAITING) $(PYTEST_ARGS) >build/test-waiting.log 2>&1 & waiting=$$!; \
-	WORKBOOK_KEEP_DRYRUN_ROWS=1 $(PY) -m pytest $(REST) $(addprefix --ignore=,$(WAITING)) $(PYTEST_ARGS); rest=$$?; \
+	@WORKBOOK_KEEP_DRYRUN_ROWS=1 $(PY) -m pytest $(WAITING) --ignore=$(LABJOBS) $(PYTEST_ARGS) >build/test-waiting.log 2>&1 & waiting=$$!; \
+	WORKBOOK_KEEP_DRYRUN_ROWS=1 $(PY) -m pytest $(REST) --ignore=tests/grading/test_autograde.py $(PYTEST_ARGS); rest=$$?; \
 	wait $$waiting; waited=$$?; \
 	echo "=== $(WAITING), run beside the tests above (build/test-waiting.log) ==="; \
 	cat build/test-waiting.log; \
