@@ -79,8 +79,9 @@ def patch_for_fake_run(swap_tensors) -> list:
             return to_numpy(self, force=force)
         import numpy as np
 
-        kind = torch.empty((), dtype=self.dtype).numpy().dtype  # what numpy calls this dtype
-        return np.zeros(tuple(self.shape), dtype=kind)
+        # numpy's name for the dtype (torch.float32 -> float32; bfloat16 fails, as .numpy() does),
+        # named rather than made from a tensor, which fake mode would fake again
+        return np.zeros(tuple(self.shape), dtype=np.dtype(str(self.dtype).removeprefix("torch.")))
 
     def tensor_on_device(data, *args, device=None, **kwargs):  # via the host: fake on the device
         out = tensor(data, *args, **kwargs)
