@@ -551,3 +551,329 @@ class ShardedOptimizer:
         for p in self.params:
             p.copy_(full[offset : offset + p.numel()].view_as(p))
             offset += p.numel()
+
+# === wrong: zero3_keeps_full_weights
+# %% cell: zero3
+import math
+
+import torch
+import torch.distributed as tdist
+import torch.nn.functional as F
+from torch import nn
+
+
+class ShardedLinear(nn.Module):
+    # Saves the gathered weights for backward instead of gathering them again: right numbers,
+    # but every layer's full weights stay alive from forward to backward (FSDP without the memory).
+    """ZeRO-3 for one nn.Linear: this rank keeps only `self.shard`, its S = ceil(P/N)
+    elements of the zero-padded flat vector [weight (row by row), bias]."""
+
+    def __init__(self, linear: nn.Linear, d):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.world = d.world_size
+        self.numel = linear.weight.numel() + linear.bias.numel()  # P
+        self.size = math.ceil(self.numel / self.world)  # S: every rank's shard, padding included
+        flat = torch.cat([linear.weight.detach().reshape(-1), linear.bias.detach()])
+        flat = F.pad(flat, (0, self.size * self.world - self.numel))  # [S N]
+        self.shard = nn.Parameter(flat[d.rank * self.size : (d.rank + 1) * self.size].clone())
+
+    def gather(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """One all-gather of every rank's shard: the full (weight [out, in], bias [out])."""
+        full = torch.empty(self.size * self.world, dtype=self.shard.dtype, device=self.shard.device)
+        tdist.all_gather_single(full, self.shard.detach())
+        n_weight = self.out_features * self.in_features
+        return full[:n_weight].view(self.out_features, self.in_features), full[n_weight : self.numel]
+
+    def forward(self, x):
+        return GatheredLinear.apply(x, self.shard, self)
+
+
+class GatheredLinear(torch.autograd.Function):
+    """forward: gather, compute, keep no full weights; backward: gather again, reduce-scatter."""
+
+    @staticmethod
+    def forward(ctx, x, shard, layer):
+        weight, bias = layer.gather()
+        ctx.save_for_backward(x, weight)  # keep them: no second all-gather
+        ctx.layer = layer
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, weight = ctx.saved_tensors
+        layer = ctx.layer
+        grad_x = grad_out @ weight
+        g2, x2 = grad_out.reshape(-1, layer.out_features), x.reshape(-1, layer.in_features)
+        full = torch.cat([(g2.T @ x2).reshape(-1), g2.sum(0)])  # [P], laid out like the weights
+        full = F.pad(full, (0, layer.size * layer.world - layer.numel))  # [S N]
+        grad_shard = torch.empty(layer.size, dtype=full.dtype, device=full.device)
+        tdist.reduce_scatter_single(grad_shard, full)  # the sum of my S elements over the ranks
+        return grad_x, grad_shard / layer.world, None
+
+# === wrong: zero3_all_reduce_then_slice
+# %% cell: zero3
+import math
+
+import torch
+import torch.distributed as tdist
+import torch.nn.functional as F
+from torch import nn
+
+
+class ShardedLinear(nn.Module):
+    # All-reduces the whole gradient and keeps its own slice: the right gradient, at twice the
+    # reduce-scatter's traffic, and a full gradient held on every rank.
+    """ZeRO-3 for one nn.Linear: this rank keeps only `self.shard`, its S = ceil(P/N)
+    elements of the zero-padded flat vector [weight (row by row), bias]."""
+
+    def __init__(self, linear: nn.Linear, d):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.world = d.world_size
+        self.numel = linear.weight.numel() + linear.bias.numel()  # P
+        self.size = math.ceil(self.numel / self.world)  # S: every rank's shard, padding included
+        flat = torch.cat([linear.weight.detach().reshape(-1), linear.bias.detach()])
+        flat = F.pad(flat, (0, self.size * self.world - self.numel))  # [S N]
+        self.shard = nn.Parameter(flat[d.rank * self.size : (d.rank + 1) * self.size].clone())
+
+    def gather(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """One all-gather of every rank's shard: the full (weight [out, in], bias [out])."""
+        full = torch.empty(self.size * self.world, dtype=self.shard.dtype, device=self.shard.device)
+        tdist.all_gather_single(full, self.shard.detach())
+        n_weight = self.out_features * self.in_features
+        return full[:n_weight].view(self.out_features, self.in_features), full[n_weight : self.numel]
+
+    def forward(self, x):
+        return GatheredLinear.apply(x, self.shard, self)
+
+
+class GatheredLinear(torch.autograd.Function):
+    """forward: gather, compute, keep no full weights; backward: gather again, reduce-scatter."""
+
+    @staticmethod
+    def forward(ctx, x, shard, layer):
+        weight, bias = layer.gather()
+        ctx.save_for_backward(x)  # not the weights: backward gathers them again
+        ctx.layer = layer
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (x,) = ctx.saved_tensors
+        layer = ctx.layer
+        weight, _ = layer.gather()  # the second all-gather
+        grad_x = grad_out @ weight
+        g2, x2 = grad_out.reshape(-1, layer.out_features), x.reshape(-1, layer.in_features)
+        full = torch.cat([(g2.T @ x2).reshape(-1), g2.sum(0)])  # [P], laid out like the weights
+        full = F.pad(full, (0, layer.size * layer.world - layer.numel))  # [S N]
+        tdist.all_reduce(full)
+        rank = tdist.get_rank()
+        grad_shard = full[rank * layer.size : (rank + 1) * layer.size]
+        return grad_x, grad_shard / layer.world, None
+
+# === wrong: zero3_sums_gradients
+# %% cell: zero3
+import math
+
+import torch
+import torch.distributed as tdist
+import torch.nn.functional as F
+from torch import nn
+
+
+class ShardedLinear(nn.Module):
+    # Forgets that the reduce-scatter sums: the gradient is N times the mean.
+    """ZeRO-3 for one nn.Linear: this rank keeps only `self.shard`, its S = ceil(P/N)
+    elements of the zero-padded flat vector [weight (row by row), bias]."""
+
+    def __init__(self, linear: nn.Linear, d):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.world = d.world_size
+        self.numel = linear.weight.numel() + linear.bias.numel()  # P
+        self.size = math.ceil(self.numel / self.world)  # S: every rank's shard, padding included
+        flat = torch.cat([linear.weight.detach().reshape(-1), linear.bias.detach()])
+        flat = F.pad(flat, (0, self.size * self.world - self.numel))  # [S N]
+        self.shard = nn.Parameter(flat[d.rank * self.size : (d.rank + 1) * self.size].clone())
+
+    def gather(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """One all-gather of every rank's shard: the full (weight [out, in], bias [out])."""
+        full = torch.empty(self.size * self.world, dtype=self.shard.dtype, device=self.shard.device)
+        tdist.all_gather_single(full, self.shard.detach())
+        n_weight = self.out_features * self.in_features
+        return full[:n_weight].view(self.out_features, self.in_features), full[n_weight : self.numel]
+
+    def forward(self, x):
+        return GatheredLinear.apply(x, self.shard, self)
+
+
+class GatheredLinear(torch.autograd.Function):
+    """forward: gather, compute, keep no full weights; backward: gather again, reduce-scatter."""
+
+    @staticmethod
+    def forward(ctx, x, shard, layer):
+        weight, bias = layer.gather()
+        ctx.save_for_backward(x)  # not the weights: backward gathers them again
+        ctx.layer = layer
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (x,) = ctx.saved_tensors
+        layer = ctx.layer
+        weight, _ = layer.gather()  # the second all-gather
+        grad_x = grad_out @ weight
+        g2, x2 = grad_out.reshape(-1, layer.out_features), x.reshape(-1, layer.in_features)
+        full = torch.cat([(g2.T @ x2).reshape(-1), g2.sum(0)])  # [P], laid out like the weights
+        full = F.pad(full, (0, layer.size * layer.world - layer.numel))  # [S N]
+        grad_shard = torch.empty(layer.size, dtype=full.dtype, device=full.device)
+        tdist.reduce_scatter_single(grad_shard, full)  # the sum of my S elements over the ranks
+        return grad_x, grad_shard, None
+
+# === wrong: zero3_decoy_private_copy
+# %% cell: zero3
+import math
+
+import torch
+import torch.distributed as tdist
+import torch.nn.functional as F
+from torch import nn
+
+
+class ShardedLinear(nn.Module):
+    # A decoy: every rank keeps a private full copy of the layer and computes with it; the
+    # all-gathers run, with the right shard in them, and their result is thrown away.
+    """ZeRO-3 for one nn.Linear: this rank keeps only `self.shard`, its S = ceil(P/N)
+    elements of the zero-padded flat vector [weight (row by row), bias]."""
+
+    def __init__(self, linear: nn.Linear, d):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.world = d.world_size
+        self.numel = linear.weight.numel() + linear.bias.numel()  # P
+        self.size = math.ceil(self.numel / self.world)  # S: every rank's shard, padding included
+        flat = torch.cat([linear.weight.detach().reshape(-1), linear.bias.detach()])
+        flat = F.pad(flat, (0, self.size * self.world - self.numel))  # [S N]
+        self.shard = nn.Parameter(flat[d.rank * self.size : (d.rank + 1) * self.size].clone())
+        self.private = (linear.weight.detach().clone(), linear.bias.detach().clone())
+
+    def gather(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """One all-gather of every rank's shard: the full (weight [out, in], bias [out])."""
+        full = torch.empty(self.size * self.world, dtype=self.shard.dtype, device=self.shard.device)
+        tdist.all_gather_single(full, self.shard.detach())
+        n_weight = self.out_features * self.in_features
+        return full[:n_weight].view(self.out_features, self.in_features), full[n_weight : self.numel]
+
+    def forward(self, x):
+        return GatheredLinear.apply(x, self.shard, self)
+
+
+class GatheredLinear(torch.autograd.Function):
+    """forward: gather, compute, keep no full weights; backward: gather again, reduce-scatter."""
+
+    @staticmethod
+    def forward(ctx, x, shard, layer):
+        layer.gather()  # for show
+        weight, bias = layer.private
+        ctx.save_for_backward(x)  # not the weights: backward gathers them again
+        ctx.layer = layer
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (x,) = ctx.saved_tensors
+        layer = ctx.layer
+        layer.gather()  # for show
+        weight = layer.private[0]
+        grad_x = grad_out @ weight
+        g2, x2 = grad_out.reshape(-1, layer.out_features), x.reshape(-1, layer.in_features)
+        full = torch.cat([(g2.T @ x2).reshape(-1), g2.sum(0)])  # [P], laid out like the weights
+        full = F.pad(full, (0, layer.size * layer.world - layer.numel))  # [S N]
+        grad_shard = torch.empty(layer.size, dtype=full.dtype, device=full.device)
+        tdist.reduce_scatter_single(grad_shard, full)  # the sum of my S elements over the ranks
+        return grad_x, grad_shard / layer.world, None
+
+# === wrong: zero3_no_padding
+# %% cell: zero3
+import math
+
+import torch
+import torch.distributed as tdist
+import torch.nn.functional as F
+from torch import nn
+
+
+class ShardedLinear(nn.Module):
+    # Shards without padding: the last rank's piece is shorter, and the all-gather needs equal pieces.
+    """ZeRO-3 for one nn.Linear: this rank keeps only `self.shard`, its S = ceil(P/N)
+    elements of the zero-padded flat vector [weight (row by row), bias]."""
+
+    def __init__(self, linear: nn.Linear, d):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.world = d.world_size
+        self.numel = linear.weight.numel() + linear.bias.numel()  # P
+        self.size = math.ceil(self.numel / self.world)  # S: every rank's shard, padding included
+        flat = torch.cat([linear.weight.detach().reshape(-1), linear.bias.detach()])
+        self.shard = nn.Parameter(flat[d.rank * self.size : (d.rank + 1) * self.size].clone())
+
+    def gather(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """One all-gather of every rank's shard: the full (weight [out, in], bias [out])."""
+        full = torch.empty(self.size * self.world, dtype=self.shard.dtype, device=self.shard.device)
+        tdist.all_gather_single(full, self.shard.detach())
+        n_weight = self.out_features * self.in_features
+        return full[:n_weight].view(self.out_features, self.in_features), full[n_weight : self.numel]
+
+    def forward(self, x):
+        return GatheredLinear.apply(x, self.shard, self)
+
+
+class GatheredLinear(torch.autograd.Function):
+    """forward: gather, compute, keep no full weights; backward: gather again, reduce-scatter."""
+
+    @staticmethod
+    def forward(ctx, x, shard, layer):
+        weight, bias = layer.gather()
+        ctx.save_for_backward(x)  # not the weights: backward gathers them again
+        ctx.layer = layer
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (x,) = ctx.saved_tensors
+        layer = ctx.layer
+        weight, _ = layer.gather()  # the second all-gather
+        grad_x = grad_out @ weight
+        g2, x2 = grad_out.reshape(-1, layer.out_features), x.reshape(-1, layer.in_features)
+        full = torch.cat([(g2.T @ x2).reshape(-1), g2.sum(0)])  # [P], laid out like the weights
+        full = F.pad(full, (0, layer.size * layer.world - layer.numel))  # [S N]
+        grad_shard = torch.empty(layer.size, dtype=full.dtype, device=full.device)
+        tdist.reduce_scatter_single(grad_shard, full)  # the sum of my S elements over the ranks
+        return grad_x, grad_shard / layer.world, None
+
+# === wrong: imports_fsdp_by_hand_for_zero3
+# %% cell: zero3
+import torch
+from torch import nn
+
+from helpers.parallel.fsdp_by_hand import ShardedUnit
+
+
+class ShardedLinear(nn.Module):
+    # Borrows notebook 04's FSDP unit (one Linear is a unit of its own) instead of writing it.
+    def __init__(self, linear: nn.Linear, d):
+        super().__init__()
+        self.unit = ShardedUnit(linear, d.rank, d.world_size)
+        self.shard = self.unit.shard
+
+    def gather(self):
+        full = self.unit.all_gather()
+        return self.unit.weights(full)["weight"], self.unit.weights(full)["bias"]
+
+    def forward(self, x):
+        return self.unit(x)
+
+
+class GatheredLinear(torch.autograd.Function):
+    pass
