@@ -13,7 +13,8 @@ Memory of one pipeline stage on one GPU (bytes):
                  block at a time
 
 Step time (seconds), per micro-batch on a stage: compute (FLOPs / (peak x efficiency), plus a
-fixed cost per block; full recomputation runs the forward twice: x 4/3), TP's all-reduces
+fixed cost per block; full recomputation runs the forward twice: x 4/3; DDP's bookkeeping once
+per step, in the backward that syncs), TP's all-reduces
 (2 per transformer block forward and 2 backward, 3 + 3 with full recomputation: 6 instead of 4)
 and PP's two sends (the activation forward, its gradient back). Then
 
@@ -144,8 +145,7 @@ def _per_microbatch(w, c, lay, blocks, links) -> tuple[float, float, float]:
     rate = c.peak_tflops * 1e12 * c.efficiency
     again = 4 / 3 if lay.recompute == "full" else 1.0  # the forward runs twice
     mb = lay.micro_batch
-    ddp = c.ddp_overhead_s if lay.dp > 1 and lay.zero < 3 else 0.0  # DDP's hooks and checks
-    compute = ddp + sum(
+    compute = sum(
         mb * b.flops * again / _split(b, lay.tp) / rate + c.layer_overhead_s * again for b in blocks
     )
     rounds = 3 if lay.recompute == "full" else 2  # forward, (forward again), backward
@@ -196,8 +196,11 @@ def step_time(w, c, lay, stage_blocks: list[tuple]) -> dict:
     m = lay.micro_batches
     dp = max(_data_parallel(w, c, lay, blocks, per[s][0], links)
              for s, blocks in enumerate(stage_blocks))  # fmt: skip
+    # DDP's bookkeeping (its hooks filling the buckets) runs in the one backward that syncs:
+    # the other micro-batches run under no_sync, as torch's pipeline stages also do.
+    ddp = c.ddp_overhead_s if lay.dp > 1 and lay.zero < 3 else 0.0
     return {
-        "compute": m * compute,
+        "compute": m * compute + ddp,
         "bubble": (idle - 1) * (compute + tp + pp),
         "tp": m * tp,
         "pp": m * pp,

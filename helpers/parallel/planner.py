@@ -120,7 +120,7 @@ class Cluster:
     memory_gbs: float = 1555  # GB/s of GPU memory (A100-40GB SXM; the optimizer step reads it)
     cores: int | None = None  # ranks of a node share this many cores (CPU ranks); None: 1 each
     layer_overhead_s: float = 0.0  # fixed cost of one block's forward + backward (launches)
-    ddp_overhead_s: float = 0.0  # DDP's bookkeeping per micro-batch (CPU ranks)
+    ddp_overhead_s: float = 0.0  # DDP's bookkeeping per step: its synced backward (CPU ranks)
     fsdp_overhead_s: float = 0.0  # FSDP's bookkeeping per block and micro-batch (CPU ranks)
     reserve_gb: float = RESERVE_GIB * 2**30 / GB  # CUDA context, NCCL buffers, allocator slack
     name: str = ""

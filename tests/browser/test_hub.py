@@ -18,13 +18,11 @@ from sign-in to a ready JupyterLab are printed (run with -s to see them).
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import os
 import re
 import secrets
 import shutil
 import socket
-import stat
 import subprocess
 import sys
 import time
@@ -36,6 +34,7 @@ import psutil
 import pytest
 import requests
 from test_validate_button import SUCCESS, _type_answers, _validate
+from unixusers import searchable
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE_PYTHON = Path(getattr(sys, "_base_executable", sys.executable)).resolve()
@@ -51,22 +50,6 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(os.geteuid() != 0, reason="creates Unix users and runs a hub: run as root"),
 ]
-
-
-@contextlib.contextmanager
-def _searchable(path: Path):
-    """As in test_classroom: let every user reach ``path`` (o+x on its ancestors), then undo."""
-    changed = []
-    for parent in path.parents:
-        mode = parent.stat().st_mode
-        if not mode & stat.S_IXOTH:
-            parent.chmod(mode | stat.S_IXOTH)
-            changed.append((parent, mode))
-    try:
-        yield
-    finally:
-        for parent, mode in changed:
-            parent.chmod(stat.S_IMODE(mode))
 
 
 def _run(user: str | None, commands: str, env: dict) -> str:
@@ -111,7 +94,7 @@ def hub():
     top.mkdir(mode=0o755)
     names = {role: f"hub{role}{tag}" for role in ("teach", "ann", "ben")}
     passwords = {n: secrets.token_urlsafe(12) for n in names.values()}
-    with _searchable(BASE_PYTHON), _searchable(Path(sys.prefix)):
+    with searchable(BASE_PYTHON, Path(sys.prefix)):
         try:
             for name, password in passwords.items():
                 subprocess.run(["useradd", "-m", "-K", "HOME_MODE=0700", "-s", "/bin/bash", name],

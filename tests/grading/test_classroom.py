@@ -15,19 +15,18 @@ may live under /root (pyenv): for the test, its ancestors get the search bit
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import os
 import re
 import secrets
 import shutil
-import stat
 import subprocess
 import sys
 from pathlib import Path
 
 import nbformat
 import pytest
+from unixusers import searchable
 
 from helpers.course import grading
 
@@ -66,22 +65,6 @@ def _install(dest: Path) -> Path:
     for path in [dest, *dest.rglob("*")]:
         path.chmod(path.stat().st_mode | 0o555 if path.is_dir() else path.stat().st_mode | 0o444)
     return dest
-
-
-@contextlib.contextmanager
-def _searchable(path: Path):
-    """Let every user reach ``path``: add o+x to ancestors that lack it, then restore."""
-    changed = []
-    for parent in path.parents:
-        mode = parent.stat().st_mode
-        if not mode & stat.S_IXOTH:
-            parent.chmod(mode | stat.S_IXOTH)
-            changed.append((parent, mode))
-    try:
-        yield
-    finally:
-        for parent, mode in changed:
-            parent.chmod(stat.S_IMODE(mode))
 
 
 class Users:
@@ -129,7 +112,7 @@ def test_release_fetch_submit_collect_autograde_feedback_export(tmp_path_factory
     top = Path(f"/tmp/pdl-class-{tag}")
     top.mkdir(mode=0o755)
     users = Users(tag)
-    with _searchable(BASE_PYTHON), _searchable(Path(sys.prefix)):
+    with searchable(BASE_PYTHON, Path(sys.prefix)):
         _classroom(top, users)
 
 
