@@ -18,16 +18,23 @@ def validated():
     return bench.validate(bench.SMALL)
 
 
+def _wrong(pairs) -> list[str]:
+    return [f"{p.a} / {p.b}: predicted {p.predicted:.2f}, measured {p.measured:.2f} "
+            f"({p.low:.2f}-{p.high:.2f})" for p in pairs if p.violation]  # fmt: skip
+
+
 def test_planner_ranks_layouts_in_the_measured_order(validated):
     pairs = validated["pairs"]
     decisive = [p for p in pairs if p.decisive]
-    wrong = [f"{p.a} / {p.b}: predicted {p.predicted:.2f}, measured {p.measured:.2f} "
-             f"({p.low:.2f}-{p.high:.2f})" for p in pairs if p.violation]  # fmt: skip
-    # one known miss of the model, in some runs: DP with accumulation against ZeRO-3
-    known = {"dp=4, 4 micro-batches", "dp=4 ZeRO-3"}
-    assert len(wrong) <= 1 and all({p.a, p.b} == known for p in pairs if p.violation), (
-        "the planner orders these the other way round: " + "; ".join(wrong)
-    )
+    wrong = _wrong(pairs)
+    if wrong:  # a burst of load on a shared 2-core machine: measure once more, all rounds again
+        again = _wrong(bench.validate(bench.SMALL)["pairs"])
+        assert not again, (
+            "the planner orders these the other way round (twice): "
+            + "; ".join(wrong)
+            + " | "
+            + "; ".join(again)
+        )
     # the check has teeth: enough layouts are told apart by every round to be ranked
     assert len(decisive) >= 5, f"only {len(decisive)} of {len(pairs)} pairs ordered by all rounds"
     # and the planner commits to most of them: calling every pair a tie would never be wrong
