@@ -1,0 +1,70 @@
+"""What CPU offload moves: where a rank's model states live, and the bytes that cross between
+host and device in a step (over PCIe on a GPU node).
+
+    with HostDeviceCopies() as copies:
+        loss_fn(model).backward(); opt.step()
+    copies.bytes        # {"host->device": ..., "device->host": ...}
+    placement(model, opt)   # {"weights": {"gpu": ..., "cpu": ...}, "gradients": ..., "optimizer": ...}
+
+On CPU ranks run device-strict (``WORKBOOK_DEVICE_CHECK=strict``: ``d.device`` is a stand-in
+GPU whose data live in host memory) FSDP2 places and copies tensors exactly as it would on
+a GPU, so both are measured here; only the time of a copy is not a GPU's.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+__all__ = ["HostDeviceCopies", "placement"]
+
+_COPIES = ("_to_copy", "copy_")
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+class HostDeviceCopies(TorchDispatchMode):
+    """Counts the bytes of every copy between the host ("cpu") and another device."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bytes = {"host->device": 0, "device->host": 0}
+        self.copies = {"host->device": 0, "device->host": 0}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        if name in _COPIES:
+            src, dst = (args[1], args[0]) if name == "copy_" else (args[0], out)
+            kinds = (src.device.type, dst.device.type)
+            if kinds[0] != kinds[1] and "cpu" in kinds:
+                way = "host->device" if kinds[0] == "cpu" else "device->host"
+                self.bytes[way] += _nbytes(src)
+                self.copies[way] += 1
+        return out
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def placement(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> dict[str, dict[str, int]]:
+    """Bytes of this rank's weights, gradients and optimizer state tensors, by device type."""
+    out: dict[str, dict[str, int]] = {
+        k: defaultdict(int) for k in ("weights", "gradients", "optimizer")
+    }
+    for p in model.parameters():
+        out["weights"][_local(p).device.type] += _nbytes(_local(p))
+        if p.grad is not None:
+            out["gradients"][_local(p.grad).device.type] += _nbytes(_local(p.grad))
+    for state in optimizer.state.values():
+        for v in state.values():
+            if torch.is_tensor(v) and v.dim() > 0:  # not the step counters
+                out["optimizer"][_local(v).device.type] += _nbytes(_local(v))
+    return {k: dict(v) for k, v in out.items()}
