@@ -29,7 +29,8 @@ the profiler in the kernel for the length of a profile:
 What a learner should see stays: warnings from their own code, FutureWarnings (a deprecated
 call in the workbook is a bug to fix, not to hide), every error. A value the user has set is
 never replaced. DeepSpeed also prints "DeepSpeed ... shm_comm_op built successfully" with a bare
-``print`` when its CPU shared-memory collectives load: it has no switch, and is left alone.
+``print`` when its CPU shared-memory collectives load: it has no switch, so ``helpers.launch.run``
+keeps that line in the rank's log and does not echo it (helpers.launch.supervise).
 """
 
 from __future__ import annotations

@@ -24,6 +24,11 @@ from helpers.launch.results import PEER_ERROR, RunResult
 _PREFIX = re.compile(r"^\[rank(\d+)\] ?(.*)$")
 
 
+# A library's own status line that no switch turns off and that tells a learner nothing
+# (helpers.launch.quiet lists the ones silenced at their source): kept in the rank's log,
+# not echoed live.
+_CHATTER = re.compile(r"^DeepSpeed [\w.]+ built successfully$")  # DeepSpeed's CPU shm collectives
+
 # torchrun's agent logs these when a worker exits with an error.
 _AGENT_SAW_FAILURE = re.compile(r"failed \(exitcode|closing signal SIG")
 GRACE_S = 10  # after a worker failed, seconds torchrun gets to stop the others itself
@@ -60,7 +65,7 @@ class _Relay:
             self.errs[r].append(text)
             if text.startswith("Traceback (most recent call last)") and r not in self.first_tb:
                 self.first_tb.append(r)
-        if self.stream:
+        if self.stream and not _CHATTER.match(text):
             print(f"[rank{r}] {text}", file=sys.stderr if is_err else sys.stdout, flush=True)
 
     def close(self) -> None:

@@ -93,3 +93,18 @@ def test_failed_run_result_message_leads_with_the_error(tmp_path):
     )
     with pytest.raises(launch.RankFailure, match=r"rank 2 failed: ValueError: boom \(torchrun"):
         res.raise_for_status()
+
+
+def test_deepspeeds_build_line_is_kept_in_the_log_and_not_echoed(tmp_path, capsys):
+    from helpers.launch.supervise import _Relay
+
+    (tmp_path / "logs").mkdir()
+    relay = _Relay(1, tmp_path, stream=True)
+    relay.line(
+        "[rank0] DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully", False
+    )
+    relay.line("[rank0] step 0 loss 2.30", False)
+    relay.close()
+    shown = capsys.readouterr().out
+    assert "built successfully" not in shown and "[rank0] step 0 loss 2.30" in shown
+    assert "built successfully" in (tmp_path / "logs" / "rank0.log").read_text()
