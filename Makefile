@@ -102,7 +102,7 @@ LABJOBS := tests/slurm/test_lab_jobs.py
 REST    := tests/notebooks tests/grading tests/distributed tests/unit $(LABJOBS)
 AUTOGRADE := tests/grading/test_autograde.py::test_autograde_scores
 LABS      := $(sort $(notdir $(wildcard solutions/lab*)))
-REST_LABS := lab0 lab1
+REST_LABS := lab1
 only = $(foreach l,$(filter-out $(1),$(LABS)),--deselect '$(AUTOGRADE)[$(l)]')
 test: setup lint slurm-up
 	@rm -rf build/dryrun/rows && mkdir -p build
