@@ -877,3 +877,123 @@ class ShardedLinear(nn.Module):
 
 class GatheredLinear(torch.autograd.Function):
     pass
+
+# === wrong: zero3_buffer_made_in_init
+# %% cell: zero3
+import math
+
+import torch
+import torch.distributed as tdist
+import torch.nn.functional as F
+from torch import nn
+
+
+class ShardedLinear(nn.Module):
+    # Gathers into a buffer made once in __init__ and reused ("no allocation per call"): the
+    # full vector of every layer then stays alive on every rank, between layers and between steps.
+    """ZeRO-3 for one nn.Linear: this rank keeps only `self.shard`, its S = ceil(P/N)
+    elements of the zero-padded flat vector [weight (row by row), bias]."""
+
+    def __init__(self, linear: nn.Linear, d):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.world = d.world_size
+        self.numel = linear.weight.numel() + linear.bias.numel()  # P
+        self.size = math.ceil(self.numel / self.world)  # S: every rank's shard, padding included
+        flat = torch.cat([linear.weight.detach().reshape(-1), linear.bias.detach()])
+        flat = F.pad(flat, (0, self.size * self.world - self.numel))  # [S N]
+        self.shard = nn.Parameter(flat[d.rank * self.size : (d.rank + 1) * self.size].clone())
+        self.buffer = torch.empty(self.size * self.world, dtype=flat.dtype)
+
+    def gather(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """One all-gather of every rank's shard: the full (weight [out, in], bias [out])."""
+        full = self.buffer
+        tdist.all_gather_single(full, self.shard.detach())
+        n_weight = self.out_features * self.in_features
+        return full[:n_weight].view(self.out_features, self.in_features), full[n_weight : self.numel]
+
+    def forward(self, x):
+        return GatheredLinear.apply(x, self.shard, self)
+
+
+class GatheredLinear(torch.autograd.Function):
+    """forward: gather, compute, keep no full weights; backward: gather again, reduce-scatter."""
+
+    @staticmethod
+    def forward(ctx, x, shard, layer):
+        weight, bias = layer.gather()
+        ctx.save_for_backward(x)  # not the weights: backward gathers them again
+        ctx.layer = layer
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (x,) = ctx.saved_tensors
+        layer = ctx.layer
+        weight, _ = layer.gather()  # the second all-gather
+        grad_x = grad_out @ weight
+        g2, x2 = grad_out.reshape(-1, layer.out_features), x.reshape(-1, layer.in_features)
+        full = torch.cat([(g2.T @ x2).reshape(-1), g2.sum(0)])  # [P], laid out like the weights
+        full = F.pad(full, (0, layer.size * layer.world - layer.numel))  # [S N]
+        grad_shard = torch.empty(layer.size, dtype=full.dtype, device=full.device)
+        tdist.reduce_scatter_single(grad_shard, full)  # the sum of my S elements over the ranks
+        return grad_x, grad_shard / layer.world, None
+
+# === wrong: zero3_shard_as_view
+# %% cell: zero3
+import math
+
+import torch
+import torch.distributed as tdist
+import torch.nn.functional as F
+from torch import nn
+
+
+class ShardedLinear(nn.Module):
+    # Forgets .clone(): the shard is a view of the whole padded vector, which it keeps alive.
+    """ZeRO-3 for one nn.Linear: this rank keeps only `self.shard`, its S = ceil(P/N)
+    elements of the zero-padded flat vector [weight (row by row), bias]."""
+
+    def __init__(self, linear: nn.Linear, d):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.world = d.world_size
+        self.numel = linear.weight.numel() + linear.bias.numel()  # P
+        self.size = math.ceil(self.numel / self.world)  # S: every rank's shard, padding included
+        flat = torch.cat([linear.weight.detach().reshape(-1), linear.bias.detach()])
+        flat = F.pad(flat, (0, self.size * self.world - self.numel))  # [S N]
+        self.shard = nn.Parameter(flat[d.rank * self.size : (d.rank + 1) * self.size])
+
+    def gather(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """One all-gather of every rank's shard: the full (weight [out, in], bias [out])."""
+        full = torch.empty(self.size * self.world, dtype=self.shard.dtype, device=self.shard.device)
+        tdist.all_gather_single(full, self.shard.detach())
+        n_weight = self.out_features * self.in_features
+        return full[:n_weight].view(self.out_features, self.in_features), full[n_weight : self.numel]
+
+    def forward(self, x):
+        return GatheredLinear.apply(x, self.shard, self)
+
+
+class GatheredLinear(torch.autograd.Function):
+    """forward: gather, compute, keep no full weights; backward: gather again, reduce-scatter."""
+
+    @staticmethod
+    def forward(ctx, x, shard, layer):
+        weight, bias = layer.gather()
+        ctx.save_for_backward(x)  # not the weights: backward gathers them again
+        ctx.layer = layer
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (x,) = ctx.saved_tensors
+        layer = ctx.layer
+        weight, _ = layer.gather()  # the second all-gather
+        grad_x = grad_out @ weight
+        g2, x2 = grad_out.reshape(-1, layer.out_features), x.reshape(-1, layer.in_features)
+        full = torch.cat([(g2.T @ x2).reshape(-1), g2.sum(0)])  # [P], laid out like the weights
+        full = F.pad(full, (0, layer.size * layer.world - layer.numel))  # [S N]
+        grad_shard = torch.empty(layer.size, dtype=full.dtype, device=full.device)
+        tdist.reduce_scatter_single(grad_shard, full)  # the sum of my S elements over the ranks
+        return grad_x, grad_shard / layer.world, None
