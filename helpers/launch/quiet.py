@@ -30,16 +30,18 @@ What a learner should see stays: warnings from their own code, FutureWarnings (a
 call in the workbook is a bug to fix, not to hide), every error. A value the user has set is
 never replaced. DeepSpeed also prints "DeepSpeed ... shm_comm_op built successfully" with a bare
 ``print`` when its CPU shared-memory collectives load: it has no switch, so ``helpers.launch.run``
-keeps that line in the rank's log and does not echo it (helpers.launch.supervise).
+keeps that line in the rank's log and does not echo it (``UNECHOED``, read by
+helpers.launch.supervise).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 from pathlib import Path
 
-__all__ = ["has_nvidia_gpu", "rank_environment", "quiet_kernel"]
+__all__ = ["UNECHOED", "has_nvidia_gpu", "rank_environment", "quiet_kernel"]
 
 # What each silenced message starts with, per logger: only these records are dropped.
 _NO_GPU_RECORDS = {
@@ -47,6 +49,9 @@ _NO_GPU_RECORDS = {
     "torch.utils.cpp_extension": "No CUDA runtime is found",
 }
 
+
+# Rank output lines that no switch turns off: kept in the rank's log, not echoed live.
+UNECHOED = re.compile(r"^DeepSpeed [\w.]+ built successfully$")  # DeepSpeed's CPU shm collectives
 
 # PYTHONWARNINGS entries: action:message (the start of the text, literally):category
 _RENAMED_COLLECTIVES = ",".join(

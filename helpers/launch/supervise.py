@@ -19,15 +19,11 @@ import time
 from pathlib import Path
 
 from helpers import runs
+from helpers.launch.quiet import UNECHOED
 from helpers.launch.results import PEER_ERROR, RunResult
 
 _PREFIX = re.compile(r"^\[rank(\d+)\] ?(.*)$")
 
-
-# A library's own status line that no switch turns off and that tells a learner nothing
-# (helpers.launch.quiet lists the ones silenced at their source): kept in the rank's log,
-# not echoed live.
-_CHATTER = re.compile(r"^DeepSpeed [\w.]+ built successfully$")  # DeepSpeed's CPU shm collectives
 
 # torchrun's agent logs these when a worker exits with an error.
 _AGENT_SAW_FAILURE = re.compile(r"failed \(exitcode|closing signal SIG")
@@ -65,7 +61,7 @@ class _Relay:
             self.errs[r].append(text)
             if text.startswith("Traceback (most recent call last)") and r not in self.first_tb:
                 self.first_tb.append(r)
-        if self.stream and not _CHATTER.match(text):
+        if self.stream and not UNECHOED.match(text):  # library chatter: in the log only
             print(f"[rank{r}] {text}", file=sys.stderr if is_err else sys.stdout, flush=True)
 
     def close(self) -> None:

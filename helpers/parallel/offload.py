@@ -18,13 +18,11 @@ from collections import defaultdict
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from helpers.parallel.memory import _nbytes, _optimizer_tensors, local_tensor
+
 __all__ = ["HostDeviceCopies", "placement"]
 
 _COPIES = ("_to_copy", "copy_")
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
 
 
 class HostDeviceCopies(TorchDispatchMode):
@@ -43,28 +41,26 @@ class HostDeviceCopies(TorchDispatchMode):
             kinds = (src.device.type, dst.device.type)
             if kinds[0] != kinds[1] and "cpu" in kinds:
                 way = "host->device" if kinds[0] == "cpu" else "device->host"
-                self.bytes[way] += _nbytes(src)
+                self.bytes[way] += src.numel() * src.element_size()
                 self.copies[way] += 1
         return out
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def placement(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer
 ) -> dict[str, dict[str, int]]:
-    """Bytes of this rank's weights, gradients and optimizer state tensors, by device type."""
-    out: dict[str, dict[str, int]] = {
-        k: defaultdict(int) for k in ("weights", "gradients", "optimizer")
+    """Bytes of this rank's weights, gradients and optimizer state, by device type (counted as
+    ``helpers.parallel.memory.measure_states`` counts them: distinct local storages)."""
+    params = list(model.parameters())
+    kinds = {
+        "weights": params,
+        "gradients": [p.grad for p in params if p.grad is not None],
+        "optimizer": [t for t in _optimizer_tensors(optimizer) if t.dim() > 0],  # no step counters
     }
-    for p in model.parameters():
-        out["weights"][_local(p).device.type] += _nbytes(_local(p))
-        if p.grad is not None:
-            out["gradients"][_local(p.grad).device.type] += _nbytes(_local(p.grad))
-    for state in optimizer.state.values():
-        for v in state.values():
-            if torch.is_tensor(v) and v.dim() > 0:  # not the step counters
-                out["optimizer"][_local(v).device.type] += _nbytes(_local(v))
-    return {k: dict(v) for k, v in out.items()}
+    out = {}
+    for kind, tensors in kinds.items():
+        by_device = defaultdict(list)
+        for t in tensors:
+            by_device[local_tensor(t).device.type].append(t)
+        out[kind] = {device: _nbytes(group) for device, group in by_device.items()}
+    return out
