@@ -126,6 +126,8 @@ def execute(
     """
     import papermill
 
+    from helpers.course import headless
+
     top = _root(root)
     src = notebook if Path(notebook).is_absolute() else top / notebook
     name = str(src.relative_to(top)) if src.is_relative_to(top) else str(src)
@@ -143,6 +145,7 @@ def execute(
             cwd=str(src.parent),
             progress_bar=False,
             execution_timeout=cell_timeout,
+            engine_name=headless.register(),  # papermill's own engine, less its widget mimic
             **({"kernel_manager_class": km} if (km := ipc_kernel_manager()) else {}),
         )
     except Exception as exc:  # a failing cell is a result to report, not a crash

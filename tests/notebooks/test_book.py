@@ -72,3 +72,25 @@ def test_full_mode_keeps_the_default_parameters(tmp_path, monkeypatch):
     # 01_ok asserts SMOKE is True, so without --smoke it must fail: the flag really is passed.
     assert book.main(["run", "--only", "01_ok"]) == 1
     assert book.main(["run", "--smoke", "--only", "01_ok"]) == 0
+
+
+def test_an_output_widget_runs_headless_its_outputs_in_the_cell(tmp_path):
+    """nbclient would play the browser's part for an Output widget, writing to the kernel's
+    shell while the cell runs (the ipykernel 7 hang that helpers.course.headless explains).
+    book.execute does not: nothing is sent mid-cell, and what the widget captured is kept
+    as the cell's own output, so the executed notebook still shows it."""
+    src = _notebook(
+        tmp_path / "widget.ipynb",
+        "import ipywidgets as W\n"
+        "out = W.Output()\n"
+        "with out:\n"
+        "    print('drawn inside the widget')\n"
+        "out",
+    )
+    done = book.execute(src, tmp_path / "out.ipynb", root=tmp_path, cell_timeout=60)
+    assert done.ok, done.error
+    cell = nbformat.read(tmp_path / "out.ipynb", as_version=4).cells[1]
+    texts = [o.get("text", "") for o in cell.outputs if o.output_type == "stream"]
+    assert texts == ["drawn inside the widget\n"], cell.outputs
+    widget = [o for o in cell.outputs if o.output_type == "execute_result"]
+    assert "application/vnd.jupyter.widget-view+json" in widget[0].data
