@@ -103,7 +103,8 @@ def test_two_node_job_spreads_ranks_over_both_nodes(cluster, allreduce):
     metrics = job.result(timeout=300)
     assert metrics["world_size"] == 2 and metrics["sum"] == 3.0
     assert sorted(metrics["nodes"]) == ["node1", "node2"], job.logs()
-    assert "rendezvous at" in job.logs()
+    # The launch line, near the top: a torchrun agent's exit noise can fill the default tail.
+    assert "rendezvous at" in job.logs(tail=10_000)
 
 
 def test_cancel_leaves_a_running_job_cancelled(cluster, tmp_path):
