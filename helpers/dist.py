@@ -163,11 +163,15 @@ def _pick_device(local_rank: int, backend: str | None) -> tuple[torch.device, st
     return torch.device("cpu"), backend
 
 
-def init(backend: str | None = None, timeout_s: float = 300.0) -> Dist:
+def init(
+    backend: str | None = None, timeout_s: float = 300.0, store: tdist.Store | None = None
+) -> Dist:
     """Join the job's process group (or describe a single process) and return a Dist.
 
     backend: None picks nccl with a visible GPU, gloo otherwise.
     timeout_s: collectives that wait longer than this fail instead of hanging.
+    store: a rendezvous store made by the launcher (helpers.launch's pool makes one);
+    None: rendezvous at MASTER_ADDR:MASTER_PORT, as torchrun and Slurm jobs do.
     """
     os.environ.update(env_from_slurm())
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
@@ -187,6 +191,8 @@ def init(backend: str | None = None, timeout_s: float = 300.0) -> Dist:
             kwargs["device_id"] = device  # lets NCCL set up communicators eagerly
         if backend == "dryrun":  # one rank alone: no rendezvous with peers that do not exist
             kwargs["store"] = tdist.HashStore()
+        elif store is not None:
+            kwargs["store"] = store
         tdist.init_process_group(
             backend=backend,
             rank=rank_,

@@ -103,7 +103,6 @@ class Pool:
         payload: bytes,
         world_size: int,
         *,
-        port: int,
         threads: int,
         backend: str,
         timeout: float,
@@ -111,13 +110,13 @@ class Pool:
         with self._lock:
             self.start()
             try:
-                return self._run(payload, world_size, port, threads, backend, timeout)
+                return self._run(payload, world_size, threads, backend, timeout)
             except BaseException:
                 if self._proc is not None and self._proc.poll() is not None:
                     self._proc = None  # the zygote died: start a fresh one next time
                 raise
 
-    def _run(self, payload, world_size, port, threads, backend, timeout) -> list:
+    def _run(self, payload, world_size, threads, backend, timeout) -> list:
         tmp = tempfile.mkdtemp(prefix="wb-spawn-")
         path = os.path.join(tmp, "s")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -129,7 +128,7 @@ class Pool:
         sel = selectors.DefaultSelector()
         sel.register(listener, selectors.EVENT_READ, "accept")
         sel.register(self._proc.stdout, selectors.EVENT_READ, "zygote")
-        request = _request(job.id, path, world_size, port, threads, backend, timeout, payload)
+        request = _request(job.id, path, world_size, threads, backend, timeout, payload)
         try:
             send(self._proc.stdin.fileno(), {"spawn": request})
             self._wait(job, sel, listener, time.monotonic() + timeout)
@@ -247,13 +246,12 @@ class Pool:
             self._proc = None
 
 
-def _request(job_id, sock, world_size, port, threads, backend, timeout, payload) -> dict:
-    """What the zygote needs to fork the ranks of one spawn() call."""
+def _request(job_id, sock, world_size, threads, backend, timeout, payload) -> dict:
+    """What the zygote needs to fork the ranks of one spawn() call (it picks the port)."""
     return dict(
         job=job_id,
         sock=sock,
         world_size=world_size,
-        port=port,
         threads=threads,
         backend=backend,
         timeout=timeout,

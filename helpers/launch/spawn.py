@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from helpers.launch.pool import get_pool
-from helpers.launch.torchrun import check_nproc, free_port, threads_per_rank
+from helpers.launch.torchrun import check_nproc, threads_per_rank
 
 __all__ = ["spawn", "warm_up"]
 
@@ -50,7 +50,6 @@ def spawn(
     return get_pool().run(
         payload,
         world_size,
-        port=free_port(),
         threads=threads or threads_per_rank(world_size),
         backend=backend,
         timeout=timeout,

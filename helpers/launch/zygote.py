@@ -14,7 +14,9 @@ stdout, each message a 4-byte length and a pickle:
 
 Each worker connects three times to the parent's Unix socket (stdout, stderr,
 result), joins the gloo group with helpers.dist.init(), calls fn(d, *args) and
-sends back ("ok", value) or ("err", traceback, exception, summary).
+sends back ("ok", value) or ("err", traceback, exception, summary). The group's
+rendezvous store is served by rank 0 on a socket the zygote opened (and was
+already listening on) before it forked the ranks.
 
 Forking is safe because the zygote never runs a torch operation, so no OpenMP or
 intra-op thread pool exists yet; each worker sets its own thread count.
@@ -84,6 +86,31 @@ def _become_rank(rank: int, req: dict) -> None:
     linecache.cache.update(req["sources"])
 
 
+def _store(req: dict):
+    """The rendezvous store: rank 0 serves it on the socket the zygote opened before forking.
+
+    The socket listens before any rank exists, so every rank connects at its first try.
+    With env:// (rank 0 opens the port itself) the other ranks often came first, were
+    refused and waited out torch's client back-off: 0.3-0.8 s in 6 of 40 4-rank spawns
+    measured, several times a small spawn's whole cost.
+    """
+    import datetime
+
+    import torch.distributed as tdist
+
+    rank, fd = int(os.environ["RANK"]), req.pop("listen_fd")
+    if rank != 0:
+        os.close(fd)
+    return tdist.TCPStore(
+        "127.0.0.1",
+        req["port"],
+        req["world_size"],
+        is_master=rank == 0,
+        timeout=datetime.timedelta(seconds=req["timeout"]),
+        master_listen_fd=fd if rank == 0 else None,
+    )
+
+
 def _call(req: dict):
     """Join the group, run fn(d, *args), leave the group; fn's return value."""
     import cloudpickle
@@ -93,7 +120,7 @@ def _call(req: dict):
 
     torch.set_num_threads(req["threads"])
     fn, args = cloudpickle.loads(req["payload"])
-    d = dist.init(backend=req["backend"], timeout_s=req["timeout"])
+    d = dist.init(backend=req["backend"], timeout_s=req["timeout"], store=_store(req))
     value = fn(d, *args)
     # cleanup() waits for every rank first: rank 0 hosts the rendezvous store.
     dist.cleanup()
@@ -139,6 +166,15 @@ def _worker(rank: int, req: dict, ctrl: tuple[int, int]) -> None:
         os._exit(status)  # skip interpreter teardown: it is the zygote's, not ours
 
 
+def _rendezvous_socket(req: dict) -> socket.socket:
+    """A listening socket on a free local port for the ranks' store; its port and fd go in req."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(128)
+    req["port"], req["listen_fd"] = listener.getsockname()[1], listener.fileno()
+    return listener
+
+
 def serve() -> None:
     """The zygote loop: preload torch, then fork workers on request until stdin closes."""
     # Keep the control pipes off fd 0/1 so forked workers cannot write into them.
@@ -180,11 +216,13 @@ def serve() -> None:
                     return
             elif "spawn" in msg:
                 req = msg["spawn"]
+                listener = _rendezvous_socket(req)
                 for rank in range(req["world_size"]):
                     pid = os.fork()
                     if pid == 0:
                         _worker(rank, req, (ctrl_in, ctrl_out))
                     live[pid] = (req.get("job", 0), rank)
+                listener.close()
                 send(ctrl_out, {"pids": list(live)})
         ready.close()
         while live:

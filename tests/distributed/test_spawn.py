@@ -19,6 +19,7 @@ import torch.distributed as tdist
 
 from helpers import launch
 from helpers.launch import RankFailure
+from helpers.launch.pool import get_pool
 
 
 def _script(tmp_path, text: str):
@@ -107,6 +108,28 @@ def test_spawn_prefixes_rank_output(capsys):
 def test_repeated_spawn_calls_in_one_process():
     for i in range(5):
         assert launch.spawn(lambda d, i: d.rank + i, world_size=3, args=(i,)) == [i, i + 1, i + 2]
+
+
+def test_rank_0_alone_serves_the_rendezvous_on_the_socket_the_pool_opened():
+    """The zygote listens before it forks (so no rank is refused and backs off: speed is
+    ``bench launch``'s max column), hands the socket to rank 0's store and keeps no copy."""
+
+    def port_and_listening(d):
+        mine = psutil.Process().net_connections(kind="tcp")
+        listening = {c.laddr.port for c in mine if c.status == psutil.CONN_LISTEN}
+        return int(os.environ["MASTER_PORT"]), listening
+
+    launch.spawn(lambda d: None, world_size=2)  # the pool is up
+    zygote = psutil.Process(get_pool()._proc.pid)
+    fds = zygote.num_fds()
+    for _ in range(3):
+        out = launch.spawn(port_and_listening, world_size=4)
+        port = out[0][0]
+        assert [p for p, _ in out] == [port] * 4, out
+        assert port in out[0][1], f"rank 0 does not serve the store on port {port}: {out[0]}"
+        assert not any(port in held for _, held in out[1:]), f"ranks 1-3 kept the socket: {out}"
+    assert zygote.num_fds() == fds, "the zygote kept the rendezvous sockets it opened"
+    assert not any(c.status == psutil.CONN_LISTEN for c in zygote.net_connections(kind="tcp"))
 
 
 def test_spawn_from_a_plain_script_with_unguarded_top_level_code(tmp_path):
