@@ -200,6 +200,8 @@ def init(
             timeout=datetime.timedelta(seconds=timeout_s),
             **kwargs,
         )
+    if backend in ("standin", "dryrun"):  # a checked run: DeepSpeed's tensors on the stand-in too
+        standin.use_for_deepspeed(backend)
     return Dist(rank=rank_, local_rank=local, world_size=world, device=device, backend=backend)
 
 

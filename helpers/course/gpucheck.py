@@ -121,10 +121,9 @@ def _check(args, hw: dict) -> dict:
     mode = "strict" if args.standin else "gpu"
     n, report = hw["gpus"], {"hardware": hw, "jobs": [], "measurements": {}}
     for job in find_jobs(args.jobs) if args.jobs.is_dir() else []:
-        if not job.uses_deepspeed():
-            row = _run(job.program, [str(a) for a in job.spec["args"]], n, mode)
-            report["jobs"].append({"job": job.spec["name"], "written_by": job.spec.get("written_by"),
-                                   "ranks": n, **row})  # fmt: skip
+        row = _run(job.program, [str(a) for a in job.spec["args"]], n, mode)
+        report["jobs"].append({"job": job.spec["name"], "written_by": job.spec.get("written_by"),
+                               "ranks": n, **row})  # fmt: skip
     for name, program, prog_args, world in MEASUREMENTS:
         if world == "all" and n == 1 and name == "all-reduce":
             continue  # one GPU: nothing to all-reduce with

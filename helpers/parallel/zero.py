@@ -89,9 +89,13 @@ def shard_numels(opt: ZeroRedundancyOptimizer) -> list[int]:
     return [sum(p.numel() for g in per_rank for p in g["params"]) for per_rank in groups]
 
 
-def deepspeed_config(stage: int, micro_batch: int, world_size: int, lr: float,
+def deepspeed_config(stage: int, micro_batch: int, world_size: int | None, lr: float,
                      gpu: bool = False, weight_decay: float = 0.01) -> dict:  # fmt: skip
     """A ds_config for ZeRO ``stage`` with AdamW.
+
+    ``world_size``: the data-parallel ranks, to state ``train_batch_size`` (DeepSpeed refuses
+    a config whose batch is not micro-batch x accumulation x ranks); None leaves it out, and
+    DeepSpeed computes it, so one config serves a job on any number of GPUs.
 
     ``gpu=False`` (the laptop's exact comparison): fp32, and ``torch_adam`` (torch's AdamW,
     not DeepSpeed's fused or CPU Adam, which compile C++ on first use: minutes).
@@ -112,12 +116,13 @@ def deepspeed_config(stage: int, micro_batch: int, world_size: int, lr: float,
     config = {
         "train_micro_batch_size_per_gpu": micro_batch,
         "gradient_accumulation_steps": 1,
-        "train_batch_size": micro_batch * world_size,
         "optimizer": {"type": "AdamW", "params": adam},
         "zero_optimization": zero_opt,
         "gradient_clipping": 0.0,  # DeepSpeed 0.19 clips to norm 1.0 unless told; torch does not
         "steps_per_print": 10**9,  # quiet
     }
+    if world_size is not None:
+        config["train_batch_size"] = micro_batch * world_size
     if gpu:
         config["bf16"] = {"enabled": True}
     return config

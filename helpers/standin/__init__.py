@@ -14,6 +14,9 @@ Two modes, chosen by ``$WORKBOOK_DEVICE_CHECK`` and set up by ``helpers.dist.ini
             ``helpers.course.dryrun`` runs the program under fake tensors on the ``gpu``
             device, so a 7B model is built, sharded and stepped without memory.
 
+A DeepSpeed program gets the stand-in GPU too: ``helpers.dist.init()`` gives DeepSpeed an
+accelerator whose device is ``gpu`` (``helpers.standin.ds_accelerator``).
+
 Both rename PyTorch's PrivateUse1 backend to ``gpu`` through the Python backend hook
 (``torch.utils.backend_registration._setup_privateuseone_for_python_backend``). That hook
 gives one device index only: every rank sees ``gpu:0``, as a rank does whose job binds
@@ -28,12 +31,13 @@ import os
 import torch.distributed as tdist
 
 from helpers.standin.autocast import register_autocast
+from helpers.standin.ds_accelerator import install_if_imported as use_for_deepspeed
 from helpers.standin.groups import POINT_TO_POINT, dryrun_backend_class, standin_backend_class
 from helpers.standin.module import GpuModule
 from helpers.standin.tensor import DEVICE_TYPE, DeviceTensor, device, register_kernels
 
 __all__ = ["MODE_ENV", "GPU_ENV", "DEVICE_TYPE", "DeviceTensor", "POINT_TO_POINT", "install",
-           "mode", "device"]  # fmt: skip
+           "mode", "device", "use_for_deepspeed"]  # fmt: skip
 
 MODE_ENV = "WORKBOOK_DEVICE_CHECK"  # "strict" or "fake"
 GPU_ENV = "WORKBOOK_STANDIN_GPU"  # which GPU the stand-in claims to be

@@ -7,12 +7,14 @@ and on 2 CPU ranks on the stand-in GPU.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from helpers.cluster.job import Job
 from helpers.course.dryrun import check_jobs, find_jobs, table
+from helpers.parallel import zero
 from helpers.programs import train_llama
 
 # 07's job as it was written before max_seq_len followed --seq-len: the tiny config's rotary
@@ -119,3 +121,52 @@ def test_7b_is_built_on_the_meta_device_not_in_host_memory(runs, tmp_path):
     assert "init_weights" in before.reached and "--mem=80GB over 4 ranks" in before.reached
     assert after.ok, after
     assert float(after.host_mem.split()[0]) < 4 * 4  # 4 ranks: the process and one parameter
+
+
+# --------------------------------------------------------------------------- DeepSpeed
+
+DS_ZERO = Path(__file__).resolve().parents[2] / "notebooks" / "programs" / "ds_zero.py"
+HOST_TENSOR_IN_DEEPSPEED = """
+import deepspeed
+import torch
+from helpers import dist
+
+d = dist.init()
+deepspeed.init_distributed(dist_backend=d.backend)
+deepspeed.comm.all_reduce(torch.ones(4))  # a host tensor: NCCL refuses it
+"""
+
+
+def _ds_zero_job(tmp_path: Path, nodes: int, world_size: int | None) -> None:
+    """04's DeepSpeed job: ZeRO-3, bf16, Adam offloaded to the host (DeepSpeed's CPU Adam)."""
+    config = tmp_path / "ds_config_gpu.json"
+    config.write_text(json.dumps(zero.deepspeed_config(3, 8, world_size, 1e-4, gpu=True)))
+    Job("ds-zero", DS_ZERO, nodes=nodes, gpus_per_node=4, profile="engaging", launcher="deepspeed",
+        values={"env": "x"}, files=[config], args=("--deepspeed_config", config.name)).write()  # fmt: skip
+
+
+def test_a_deepspeed_batch_stated_for_one_node_fails_on_two(runs, tmp_path):
+    """train_batch_size 32 = 8 x 1 x 4 GPUs: DeepSpeed refuses it on 8 GPUs, and so does the check."""
+    _ds_zero_job(tmp_path, nodes=2, world_size=4)
+    (row,) = _rows(runs, all_gpus=False)
+    assert not row.ok and row.ranks == 8
+    assert "32 != 8 * 1 * 8" in row.reached and "deepspeed.initialize" in row.reached
+
+
+def test_deepspeed_zero3_with_offload_is_checked_at_full_size_and_device_strict(runs, tmp_path):
+    _ds_zero_job(tmp_path, nodes=2, world_size=None)  # DeepSpeed computes the batch
+    (row,) = _rows(runs, all_gpus=False)
+    assert row.ok, row
+    assert row.reached == "step" and row.strict == "ok" and row.ranks == 8
+
+
+def test_a_host_tensor_in_a_deepspeed_collective_fails_device_strict(runs, tmp_path):
+    program = tmp_path / "host_tensor.py"
+    program.write_text(HOST_TENSOR_IN_DEEPSPEED)
+    Job(
+        "ds-host", program, nodes=1, gpus_per_node=2, profile="engaging", values={"env": "x"}
+    ).write()
+    (row,) = _rows(runs, all_gpus=False)
+    assert not row.ok
+    assert "No backend type associated with device type cpu" in row.strict
+    assert "deepspeed.comm.all_reduce" in row.strict  # the program's line

@@ -55,11 +55,6 @@ class Job:
             h.update(name.encode() + b"\0" + (self.path / name).read_bytes())
         return h.hexdigest()[:16]
 
-    def uses_deepspeed(self) -> bool:
-        return self.spec.get("launcher") == "deepspeed" or bool(
-            re.search(r"^\s*(import|from)\s+deepspeed", self.program.read_text(), re.M)
-        )
-
 
 @dataclass
 class Row:
@@ -183,13 +178,6 @@ def _host_need(job: Job, results: list[dict]) -> tuple[float, float | None, str]
 
 def _rows_for(job: Job, runs: _Runs, gpus: list[str]) -> list[Row]:
     name = job.spec["name"]
-    if job.uses_deepspeed():
-        why = ("not checked: DeepSpeed places tensors and picks its backend through its own "
-               "accelerator (deepspeed.accelerator: 'cpu' with gloo here, 'cuda' with NCCL on "
-               "GPUs); the stand-in GPU would need a DeepSpeed accelerator of its own "
-               "(deepspeed.accelerator.set_accelerator), which the workbook does not have yet")  # fmt: skip
-        return [Row(name, job.spec["profile"], gpu, job.world, "-", "-", "-", why, True, [why])
-                for gpu in gpus]  # fmt: skip
     strict = runs.strict(job)
     strict_text = "ok" if all(r.get("ok") for r in strict) else "FAILS " + _failure(strict)
     rows = []
@@ -197,6 +185,7 @@ def _rows_for(job: Job, runs: _Runs, gpus: list[str]) -> list[Row]:
         fake = runs.fake(job, gpu)
         fake_ok = all(r.get("ok") for r in fake)
         reached = _least(fake) + ("" if fake_ok else " (FAILS " + _failure(fake) + ")")
+        reached += "".join(f" ({r['note']})" for r in fake if r.get("note"))
         peak = max(r.get("peak_bytes", {}).get("gpu", 0) for r in fake) / GIB
         cap = lookup(gpu).memory_gib
         fits = peak + RESERVE_GIB <= cap

@@ -52,6 +52,11 @@ class StopDryRun(BaseException):
     """Raised after the last optimizer step the dry run needs: not an error."""
 
 
+def _finalizes(finalizer: weakref.finalize, *tensors) -> bool:
+    target = finalizer.peek()
+    return target is not None and any(target[0] is t for t in tensors)
+
+
 def _stand_in(x: torch.Tensor):
     if x.dtype == torch.bool:
         return True
@@ -235,12 +240,19 @@ class FakeRank(TorchDispatchMode):
 
     def _swap_tensors(self, t1, t2):
         """nn.Module.to() swaps a fake parameter for the moved one; a tensor with a weakref
-        cannot be swapped, and fake mode keeps one in its memo of every tensor it made."""
+        cannot be swapped, and fake mode keeps one in its memo of every tensor it made.
+        Finalizers (DeepSpeed names every parameter in a registry that drops the name when
+        the parameter dies) are taken off for the swap and put back on the same objects."""
         memo = self.fake.fake_tensor_converter.tensor_memo
         for key, value in list(memo.items()):
             if value is t1 or value is t2:
                 del memo[key]
-        return ORIGINAL_SWAP(t1, t2)
+        held = [f.detach() for f in list(weakref.finalize._registry) if _finalizes(f, t1, t2)]
+        try:
+            return ORIGINAL_SWAP(t1, t2)
+        finally:
+            for obj, fn, args, kwargs in filter(None, held):
+                weakref.finalize(obj, fn, *args, **kwargs)
 
     def peaks(self) -> dict:
         """Peak live bytes: {"gpu": ..., "cpu": ...}."""
