@@ -5,8 +5,12 @@ DeepSpeed places its tensors and picks its process group through its own acceler
 with gloo here. Its flat buffers, partitions and gathered weights go to
 ``get_accelerator().current_device_name()``, so on the CPU accelerator a DeepSpeed job never
 touches the stand-in GPU and its GPU path goes unchecked. This accelerator is the CPU one
-(no streams, no compiled ops) with the device the stand-in's: DeepSpeed's tensors land on
-``gpu:0``, and a host tensor that reaches a collective fails as it does under NCCL.
+(no streams) with the device the stand-in's: DeepSpeed's tensors land on ``gpu:0``, and a
+host tensor that reaches a collective fails as it does under NCCL. DeepSpeed's CPU Adam (a
+C++ kernel it compiles on first use) is done in torch ops, so a check compiles nothing.
+
+It is installed by ``helpers.dist.init()``: a DeepSpeed program that joins its process group
+some other way (``deepspeed.init_distributed`` alone) is not on the stand-in GPU at all.
 """
 
 from __future__ import annotations
