@@ -170,3 +170,17 @@ def test_a_host_tensor_in_a_deepspeed_collective_fails_device_strict(runs, tmp_p
     assert not row.ok
     assert "No backend type associated with device type cpu" in row.strict
     assert "deepspeed.comm.all_reduce" in row.strict  # the program's line
+
+
+def test_a_program_that_makes_its_own_process_group_is_refused_naming_the_line(runs, tmp_path):
+    """05's DeepSpeed program once called deepspeed.init_distributed("gloo") itself: its
+    tensors never met the stand-in GPU, and the check passed it unchecked."""
+    program = tmp_path / "own_group.py"
+    program.write_text("import torch.distributed as tdist\ntdist.init_process_group('gloo')\n")
+    Job(
+        "own-group", program, nodes=1, gpus_per_node=2, profile="engaging", values={"env": "x"}
+    ).write()
+    (row,) = _rows(runs, all_gpus=False, timeout=60)
+    assert not row.ok
+    for text in (row.reached, row.strict):
+        assert "not through helpers.dist.init()" in text and "program.py:2" in text, text

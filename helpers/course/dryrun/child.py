@@ -66,6 +66,26 @@ class _Progress:
         register_optimizer_step_post_hook(step)
 
 
+def _refuse_other_backends() -> None:
+    """A process group made without helpers.dist.init() fails at once, naming the line: its
+    tensors would never meet the stand-in GPU, and a rank alone would wait for its peers."""
+    import torch.distributed as tdist
+
+    original = tdist.init_process_group
+
+    def init_process_group(*args, **kwargs):
+        backend = kwargs.get("backend", args[0] if args else None)
+        if backend not in ("standin", "dryrun"):
+            raise RuntimeError(
+                f"the program joins a process group with backend {backend!r} itself, not through "
+                "helpers.dist.init(), so the check cannot put it on the stand-in GPU: call "
+                "d = dist.init() (a DeepSpeed program then passes d.backend to "
+                "deepspeed.init_distributed, which reuses the group)")  # fmt: skip
+        return original(*args, **kwargs)
+
+    tdist.init_process_group = init_process_group
+
+
 def _environment(spec: dict) -> None:
     os.environ.update({
         "RANK": str(spec["rank"]), "WORLD_SIZE": str(spec["world"]),
@@ -126,6 +146,8 @@ def main(spec_path: str) -> int:
     limits = {"cpu": spec["host_limit"]} if spec.get("host_limit") else None
     tracker = FakeRank(spec.get("max_steps", 2), limits) if spec["mode"] == "fake" else None
     progress = _Progress(spec.get("max_steps", 2)) if tracker is None else tracker
+    if spec["mode"] != "gpu":
+        _refuse_other_backends()
     _run_program(program, tracker, progress, result)
     result.update(reached=progress.reached, steps=progress.steps,
                   point_to_point=standin.POINT_TO_POINT[0])  # fmt: skip
