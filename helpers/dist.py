@@ -171,7 +171,8 @@ def init(
     backend: None picks nccl with a visible GPU, gloo otherwise.
     timeout_s: collectives that wait longer than this fail instead of hanging.
     store: a rendezvous store made by the launcher (helpers.launch's pool makes one);
-    None: rendezvous at MASTER_ADDR:MASTER_PORT, as torchrun and Slurm jobs do.
+    None: rendezvous at MASTER_ADDR:MASTER_PORT, as torchrun and Slurm jobs do. A dry run
+    (a rank alone, ``helpers.standin``) needs no store and ignores it.
     """
     os.environ.update(env_from_slurm())
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:

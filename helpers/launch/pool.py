@@ -7,7 +7,7 @@ because the zygote never runs a torch operation, so no OpenMP or intra-op
 thread pool exists yet; each worker sets its own thread count after the fork.
 
     notebook (parent)                      zygote (torch imported, single-threaded)
-      | -- request: fn by value, N, port --> |  fork x N
+      | -- request: fn by value, N ---------> |  listen on a port, fork x N
       |                                      |-- worker rank 0 .. N-1
       | <== out / err / result sockets ===== |     (each joins the gloo group)
       | <-- exit codes --------------------- |  reaps workers, kills on request

@@ -86,27 +86,26 @@ def _become_rank(rank: int, req: dict) -> None:
     linecache.cache.update(req["sources"])
 
 
-def _store(req: dict):
-    """The rendezvous store: rank 0 serves it on the socket the zygote opened before forking.
+def store_for_rank(rank: int, world_size: int, port: int, fd: int, timeout: float):
+    """The rendezvous store: rank 0 serves it on ``fd``, a socket the zygote opened and was
+    listening on before it forked the ranks; the others close their copy and connect.
 
-    The socket listens before any rank exists, so every rank connects at its first try.
-    With env:// (rank 0 opens the port itself) the other ranks often came first, were
-    refused and waited out torch's client back-off: 0.3-0.8 s in 6 of 40 4-rank spawns
-    measured, several times a small spawn's whole cost.
+    Every rank connects at its first try. With env:// (rank 0 opens the port itself) the
+    others often came first, were refused and waited out torch's client back-off: 0.3-0.8 s
+    in 6 of 40 4-rank spawns measured, several times a small spawn's whole cost.
     """
     import datetime
 
     import torch.distributed as tdist
 
-    rank, fd = int(os.environ["RANK"]), req.pop("listen_fd")
     if rank != 0:
         os.close(fd)
     return tdist.TCPStore(
         "127.0.0.1",
-        req["port"],
-        req["world_size"],
+        port,
+        world_size,
         is_master=rank == 0,
-        timeout=datetime.timedelta(seconds=req["timeout"]),
+        timeout=datetime.timedelta(seconds=timeout),
         master_listen_fd=fd if rank == 0 else None,
     )
 
@@ -120,7 +119,9 @@ def _call(req: dict):
 
     torch.set_num_threads(req["threads"])
     fn, args = cloudpickle.loads(req["payload"])
-    d = dist.init(backend=req["backend"], timeout_s=req["timeout"], store=_store(req))
+    rank, world, timeout = int(os.environ["RANK"]), req["world_size"], req["timeout"]
+    store = store_for_rank(rank, world, req["port"], req["listen_fd"], timeout)
+    d = dist.init(backend=req["backend"], timeout_s=timeout, store=store)
     value = fn(d, *args)
     # cleanup() waits for every rank first: rank 0 hosts the rendezvous store.
     dist.cleanup()
@@ -166,13 +167,34 @@ def _worker(rank: int, req: dict, ctrl: tuple[int, int]) -> None:
         os._exit(status)  # skip interpreter teardown: it is the zygote's, not ours
 
 
-def _rendezvous_socket(req: dict) -> socket.socket:
-    """A listening socket on a free local port for the ranks' store; its port and fd go in req."""
+def rendezvous_socket() -> socket.socket:
+    """A socket listening on a free local port, for one spawn's rendezvous store."""
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))
     listener.listen(128)
-    req["port"], req["listen_fd"] = listener.getsockname()[1], listener.fileno()
     return listener
+
+
+def _kill(live: dict) -> None:
+    for pid in live:  # each worker leads its own process group
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(pid, signal.SIGKILL)
+                break
+            except (ProcessLookupError, PermissionError):
+                continue
+
+
+def _fork_ranks(req: dict, ctrl: tuple[int, int], live: dict) -> None:
+    """Fork one worker per rank (added to ``live``), after opening their rendezvous socket."""
+    listener = rendezvous_socket()
+    req.update(port=listener.getsockname()[1], listen_fd=listener.fileno())
+    for rank in range(req["world_size"]):
+        pid = os.fork()
+        if pid == 0:
+            _worker(rank, req, ctrl)
+        live[pid] = (req.get("job", 0), rank)
+    listener.close()  # rank 0 serves on its copy; the zygote keeps none
 
 
 def serve() -> None:
@@ -205,24 +227,11 @@ def serve() -> None:
         if ready.select(0.02 if live else None):
             msg = recv(ctrl_in)
             if msg is None or "kill" in msg:
-                for pid in live:  # each worker leads its own process group
-                    for kill in (os.killpg, os.kill):
-                        try:
-                            kill(pid, signal.SIGKILL)
-                            break
-                        except (ProcessLookupError, PermissionError):
-                            continue
+                _kill(live)
                 if msg is None:  # the parent went away
                     return
             elif "spawn" in msg:
-                req = msg["spawn"]
-                listener = _rendezvous_socket(req)
-                for rank in range(req["world_size"]):
-                    pid = os.fork()
-                    if pid == 0:
-                        _worker(rank, req, (ctrl_in, ctrl_out))
-                    live[pid] = (req.get("job", 0), rank)
-                listener.close()
+                _fork_ranks(msg["spawn"], (ctrl_in, ctrl_out), live)
                 send(ctrl_out, {"pids": list(live)})
         ready.close()
         while live:

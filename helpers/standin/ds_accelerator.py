@@ -9,8 +9,9 @@ touches the stand-in GPU and its GPU path goes unchecked. This accelerator is th
 host tensor that reaches a collective fails as it does under NCCL. DeepSpeed's CPU Adam (a
 C++ kernel it compiles on first use) is done in torch ops, so a check compiles nothing.
 
-It is installed by ``helpers.dist.init()``: a DeepSpeed program that joins its process group
-some other way (``deepspeed.init_distributed`` alone) is not on the stand-in GPU at all.
+It is installed by ``helpers.dist.init()`` when the program has imported deepspeed by then, as
+the workbook's DeepSpeed programs do (a program that joins its process group some other way
+is refused by the checks: ``helpers.course.dryrun.child``).
 """
 
 from __future__ import annotations

@@ -125,7 +125,7 @@ def test_7b_is_built_on_the_meta_device_not_in_host_memory(runs, tmp_path):
 
 # --------------------------------------------------------------------------- DeepSpeed
 
-DS_ZERO = Path(__file__).resolve().parents[2] / "notebooks" / "programs" / "ds_zero.py"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 HOST_TENSOR_IN_DEEPSPEED = """
 import deepspeed
 import torch
@@ -137,11 +137,22 @@ deepspeed.comm.all_reduce(torch.ones(4))  # a host tensor: NCCL refuses it
 """
 
 
+def _written_by(notebook: str, target: str) -> str:
+    """The program a notebook's ``%%writefile target`` cell writes (as the notebook has it now)."""
+    for cell in json.loads((NOTEBOOKS / notebook).read_text())["cells"]:
+        source = "".join(cell["source"])
+        if source.startswith(f"%%writefile {target}\n"):
+            return source.split("\n", 1)[1]
+    raise LookupError(f"{notebook} has no %%writefile {target} cell")
+
+
 def _ds_zero_job(tmp_path: Path, nodes: int, world_size: int | None) -> None:
     """04's DeepSpeed job: ZeRO-3, bf16, Adam offloaded to the host (DeepSpeed's CPU Adam)."""
+    program = tmp_path / "ds_zero.py"
+    program.write_text(_written_by("04_fsdp_zero.ipynb", "programs/ds_zero.py"))
     config = tmp_path / "ds_config_gpu.json"
     config.write_text(json.dumps(zero.deepspeed_config(3, 8, world_size, 1e-4, gpu=True)))
-    Job("ds-zero", DS_ZERO, nodes=nodes, gpus_per_node=4, profile="engaging", launcher="deepspeed",
+    Job("ds-zero", program, nodes=nodes, gpus_per_node=4, profile="engaging", launcher="deepspeed",
         values={"env": "x"}, files=[config], args=("--deepspeed_config", config.name)).write()  # fmt: skip
 
 

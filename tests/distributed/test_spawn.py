@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import psutil
@@ -130,6 +131,26 @@ def test_rank_0_alone_serves_the_rendezvous_on_the_socket_the_pool_opened():
         assert not any(port in held for _, held in out[1:]), f"ranks 1-3 kept the socket: {out}"
     assert zygote.num_fds() == fds, "the zygote kept the rendezvous sockets it opened"
     assert not any(c.status == psutil.CONN_LISTEN for c in zygote.net_connections(kind="tcp"))
+
+
+def test_a_rank_that_knocks_before_rank_0_serves_is_queued_not_refused():
+    """With env:// a rank that connects before rank 0's store exists is refused and backs
+    off; on the zygote's socket, listening before any rank runs, it waits in the queue."""
+    from helpers.launch.zygote import rendezvous_socket, store_for_rank
+
+    listener = rendezvous_socket()
+    port, stores = listener.getsockname()[1], {}
+
+    def rank_1():  # its own copy of the socket, which it closes, as a forked rank does
+        stores[1] = store_for_rank(1, 2, port, os.dup(listener.fileno()), timeout=20)
+
+    early = threading.Thread(target=rank_1)
+    early.start()
+    time.sleep(0.3)  # rank 1 is already waiting when rank 0 starts serving
+    stores[0] = store_for_rank(0, 2, port, listener.detach(), timeout=20)
+    early.join(20)
+    stores[1].set("from rank 1", "hello")
+    assert stores[0].get("from rank 1") == b"hello"
 
 
 def test_spawn_from_a_plain_script_with_unguarded_top_level_code(tmp_path):
