@@ -15,7 +15,8 @@ such counter, so a TorchDispatchMode watches every operator: each new storage an
 returns is added to the live total, and a weak reference's callback subtracts it when the
 storage is freed. A storage resized in place (FSDP2 frees a layer's gathered weights by
 resizing their storage to 0, and resizes it back to gather them again) counts at its new
-size. It sees tensors, not the scratch memory inside a kernel (a fused attention kernel's
+size, and so does one made before the block with no memory and grown inside it (FSDP2's
+gathered weights from its second step on). It sees tensors, not the scratch memory inside a kernel (a fused attention kernel's
 tiles), so it measures what the Python code materialises: an S x S score matrix shows up, a
 kernel that never builds one does not. ``trace=True`` (CPU) also keeps (seconds, live
 bytes) after every operator, for a plot of memory through a step.
@@ -71,8 +72,13 @@ class _LiveStorages(TorchDispatchMode):
                 entry[0] = 0
                 del self._sizes[storage]
 
-    def resized(self, storage, nbytes: int) -> None:
+    def resized(self, storage, before: int, nbytes: int) -> None:
         entry = self._sizes.get(storage)
+        if entry is None and before == 0 and nbytes > 0:
+            # a storage made earlier with no memory, given memory now: new memory (FSDP2 frees a
+            # layer's gathered weights by resizing their storage to 0, and gathers into it again)
+            entry = self._sizes[storage] = [0, True]
+            weakref.finalize(storage, self._freed(entry))
         if entry is not None:
             delta, entry[0] = nbytes - entry[0], nbytes
             self._add(delta)
@@ -155,8 +161,9 @@ class PeakMemory:
             self._resize = original = torch.UntypedStorage.resize_
 
             def resize_(storage, nbytes):
+                before = storage.nbytes()
                 result = original(storage, nbytes)
-                mode.resized(storage, nbytes)
+                mode.resized(storage, before, nbytes)
                 return result
 
             torch.UntypedStorage.resize_ = resize_

@@ -28,6 +28,20 @@ def test_a_storage_resized_to_zero_and_back_counts_at_its_size():
     assert mem.marks == {"freed": 0, "back": 4000}
 
 
+def test_a_storage_made_empty_before_and_grown_inside_is_new_memory():
+    # FSDP2 from its second step on: a layer's gathered weights live in storages made in the
+    # first step and resized to 0 between uses; each gather resizes them back inside the block
+    t = torch.empty(1000)
+    t.untyped_storage().resize_(0)
+    kept = torch.empty(500)  # made before, never resized: not the block's
+    with PeakMemory() as mem:
+        t.untyped_storage().resize_(4000)
+        grown = mem.mark("grown")
+        t.untyped_storage().resize_(0)
+        kept.mul_(2)
+    assert (grown, mem.peak, mem.held) == (4000, 4000, 0)
+
+
 def test_views_and_in_place_results_are_not_new_memory():
     with PeakMemory() as mem:
         t = torch.zeros(256)
