@@ -3,9 +3,9 @@
     with PeakMemory(device) as mem:
         out = attention(q, k, v)
         mem.mark("attention done")   # the live bytes at this point, by name
-    mem.peak      # bytes: the highest total of the tensors created inside the block
-                  # that were alive at the same moment (inputs made before it not counted)
-    mem.held      # bytes of those tensors still alive when the block ended
+    mem.peak      # bytes: the most memory the block's tensors held at once, above its start
+                  # (inputs made before it not counted)
+    mem.held      # bytes still held above the start when the block ended
     mem.marks     # {"attention done": bytes}
     mem.reset_peak()   # the peak from now on (one step of several)
 
@@ -13,11 +13,10 @@ On a GPU this is the CUDA caching allocator's own statistic (``max_memory_alloca
 ``reset_peak_memory_stats``, minus what was allocated at the start). On CPU there is no
 such counter, so a TorchDispatchMode watches every operator: each new storage an operator
 returns is added to the live total, and a weak reference's callback subtracts it when the
-storage is freed. A storage resized in place (FSDP2 frees a layer's gathered weights by
-resizing their storage to 0, and resizes it back to gather them again) counts at its new
-size, and so does one made before the block with no memory and grown inside it (FSDP2's
-gathered weights from its second step on). It sees tensors, not the scratch memory inside a kernel (a fused attention kernel's
-tiles), so it measures what the Python code materialises: an S x S score matrix shows up, a
+storage is freed. A storage resized in place counts by the change of its size, whenever
+it was made: FSDP2 frees a layer's gathered weights by resizing their storage to 0 and
+resizes the same storage back to gather them again, in every step. It sees tensors, not the
+scratch memory inside a kernel (a fused attention kernel's tiles), so it measures what the Python code materialises: an S x S score matrix shows up, a
 kernel that never builds one does not. ``trace=True`` (CPU) also keeps (seconds, live
 bytes) after every operator, for a plot of memory through a step.
 """
@@ -43,6 +42,7 @@ class _LiveStorages(TorchDispatchMode):
         # keyed by the storage object, not its data_ptr(): every fake tensor's (the dry run's
         # FakeTensorMode) is 0, and a freed address is soon reused
         self._sizes = WeakIdKeyDictionary()  # storage -> [bytes now, a real storage?]
+        self._finalizers: list[weakref.finalize] = []  # detached at the end (long-lived storages)
         self.trace: list[tuple[float, int]] | None = [] if trace else None
         self._t0 = time.perf_counter()
 
@@ -74,14 +74,20 @@ class _LiveStorages(TorchDispatchMode):
 
     def resized(self, storage, before: int, nbytes: int) -> None:
         entry = self._sizes.get(storage)
-        if entry is None and before == 0 and nbytes > 0:
-            # a storage made earlier with no memory, given memory now: new memory (FSDP2 frees a
-            # layer's gathered weights by resizing their storage to 0, and gathers into it again)
-            entry = self._sizes[storage] = [0, True]
-            weakref.finalize(storage, self._freed(entry))
-        if entry is not None:
-            delta, entry[0] = nbytes - entry[0], nbytes
-            self._add(delta)
+        if entry is None:  # made before the block: from now on it counts by its changes
+            entry = self._sizes[storage] = [before, True]
+            self._watch(storage, entry)
+        delta, entry[0] = nbytes - entry[0], nbytes
+        self._add(delta)
+
+    def _watch(self, storage, entry: list) -> None:
+        self._finalizers.append(weakref.finalize(storage, self._freed(entry)))
+
+    def close(self) -> None:
+        """Stop watching: storages that outlive the block (a model's) keep no callback to it."""
+        for f in self._finalizers:
+            f.detach()
+        self._finalizers.clear()
 
     def see(self, t: torch.Tensor) -> None:
         if is_traceable_wrapper_subclass(t):  # a DTensor: its local tensor holds the memory
@@ -96,7 +102,7 @@ class _LiveStorages(TorchDispatchMode):
         if storage not in self._sizes:  # a new storage (views and in-place ops reuse one)
             entry = [storage.nbytes(), not isinstance(t, FakeTensor)]
             self._sizes[storage] = entry
-            weakref.finalize(storage, self._freed(entry))
+            self._watch(storage, entry)
             self._add(entry[0])
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -181,3 +187,4 @@ class PeakMemory:
             torch.UntypedStorage.resize_ = self._resize
             self.peak, self.held = self._mode.peak, self._mode.live
             self.trace = self._mode.trace or []
+            self._mode.close()

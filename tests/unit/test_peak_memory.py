@@ -1,6 +1,9 @@
 """PeakMemory on CPU: storages are keyed by the storage object, so fake tensors (whose
 data_ptr() is 0 for all) and resized storages (FSDP2 frees gathered weights so) count right."""
 
+import gc
+import weakref
+
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -40,6 +43,26 @@ def test_a_storage_made_empty_before_and_grown_inside_is_new_memory():
         t.untyped_storage().resize_(0)
         kept.mul_(2)
     assert (grown, mem.peak, mem.held) == (4000, 4000, 0)
+
+
+def test_a_storage_with_memory_before_counts_by_its_changes():
+    t = torch.empty(1000)  # 4000 bytes, before the block: not the block's
+    with PeakMemory() as mem:
+        t.untyped_storage().resize_(0)
+        freed = mem.mark("freed")  # below the start
+        t.untyped_storage().resize_(4000)
+        t.untyped_storage().resize_(6000)
+    assert (freed, mem.peak, mem.held) == (-4000, 2000, 2000)
+
+
+def test_storages_that_outlive_the_block_keep_no_callback_to_it():
+    t = torch.empty(0)
+    with PeakMemory() as mem:
+        t.untyped_storage().resize_(400)
+    mode = weakref.ref(mem._mode)
+    del mem
+    gc.collect()
+    assert mode() is None  # a model's storages would otherwise keep every block's mode alive
 
 
 def test_views_and_in_place_results_are_not_new_memory():
