@@ -16,8 +16,9 @@ returns is added to the live total, and a weak reference's callback subtracts it
 storage is freed. A storage resized in place counts by the change of its size, whenever
 it was made: FSDP2 frees a layer's gathered weights by resizing their storage to 0 and
 resizes the same storage back to gather them again, in every step. It sees tensors, not the
-scratch memory inside a kernel (a fused attention kernel's tiles), so it measures what the Python code materialises: an S x S score matrix shows up, a
-kernel that never builds one does not. ``trace=True`` (CPU) also keeps (seconds, live
+scratch memory inside a kernel (a fused attention kernel's tiles), so it measures what the
+Python code materialises: an S x S score matrix shows up, a kernel that never builds one
+does not. ``trace=True`` (CPU) also keeps (seconds, live
 bytes) after every operator, for a plot of memory through a step.
 """
 
