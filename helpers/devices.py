@@ -6,9 +6,12 @@ GPU, on the stand-in GPU of the dry run (``helpers.standin``) and on the CPU.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from helpers import standin
+from helpers.config import SMALL_ENV
 
 
 def synchronize(device: torch.device) -> None:
@@ -40,3 +43,29 @@ def supports_bf16(device: torch.device) -> bool:
     if device.type == standin.DEVICE_TYPE:
         return torch.gpu.is_bf16_supported(including_emulation=False)
     return True  # CPUs compute bf16 (AMX or AVX-512 where present, emulated otherwise)
+
+
+def is_gpu(device: torch.device) -> bool:
+    """A GPU, real (``cuda``) or the dry run's stand-in (``gpu``): take the path a GPU takes.
+
+    Programs ask this instead of testing ``device.type == "cuda"``, so that the dry run and
+    the device-strict run follow the GPU's path (pinned memory, CUDA's optimizer defaults,
+    a GPU's kernels) on CPU ranks.
+    """
+    return device.type in ("cuda", standin.DEVICE_TYPE)
+
+
+def gpu_sized(device: torch.device) -> bool:
+    """Pick the sizes a GPU run would pick: True on a GPU, real or stand-in, and False on the
+    CPU, or when ``$WORKBOOK_SMALL`` asks a checked program for its laptop sizes.
+
+    A program that runs bigger problems on a GPU asks this (``seqs = [8192, 16384] if
+    devices.gpu_sized(d.device) else [512, 1024]``): the full-size dry run then meets, on fake
+    tensors, the sizes the GPU will meet, and its memory figure is the GPU's.
+    """
+    return is_gpu(device) and not os.environ.get(SMALL_ENV)
+
+
+def pin_memory(device: torch.device) -> bool:
+    """Whether a DataLoader feeding ``device`` should pin its host batches (GPUs: yes)."""
+    return is_gpu(device)

@@ -1,0 +1,53 @@
+"""The PyTorch APIs that moved between the workbook's floor (torch 2.6) and its pin (2.14).
+
+One module owns every renamed or new API, so a program runs unchanged on a site's older
+PyTorch module: ask here instead of writing ``getattr(torch..., "new", None) or old``.
+``tests/unit/test_torch_floor.py`` fails when workbook code names a torch API that the floor
+lacks outside this module.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as tdist
+
+__all__ = ["FLOOR", "all_gather_single", "reduce_scatter_single", "allow_tf32", "tf32_allowed",
+           "set_reduce_scatter_buffers"]  # fmt: skip
+
+FLOOR = "2.6"  # the oldest torch the workbook supports on clusters (README, "Minimum PyTorch")
+
+# torch 2.14 names; torch 2.6 to 2.13 call them all_gather_into_tensor and reduce_scatter_tensor
+# (which 2.14 still accepts, with a FutureWarning).
+all_gather_single = getattr(tdist, "all_gather_single", None) or tdist.all_gather_into_tensor
+reduce_scatter_single = getattr(tdist, "reduce_scatter_single", None) or tdist.reduce_scatter_tensor
+
+
+def allow_tf32(enabled: bool) -> None:
+    """Let (or forbid) cuDNN convolutions and cuBLAS matmuls use TF32 for float32 work.
+
+    torch >= 2.9 says it with ``fp32_precision = "tf32" | "ieee"``; older torch with
+    ``allow_tf32``. Either way the setting matters on Ampere and newer GPUs only.
+    """
+    conv, matmul = torch.backends.cudnn.conv, torch.backends.cuda.matmul
+    if hasattr(conv, "fp32_precision"):
+        conv.fp32_precision = matmul.fp32_precision = "tf32" if enabled else "ieee"
+    else:
+        torch.backends.cudnn.allow_tf32 = matmul.allow_tf32 = enabled
+
+
+def tf32_allowed() -> dict[str, bool]:
+    """{"conv": ..., "matmul": ...}: may cuDNN convolutions / cuBLAS matmuls use TF32 now?"""
+    conv, matmul = torch.backends.cudnn.conv, torch.backends.cuda.matmul
+    if hasattr(conv, "fp32_precision"):
+        return {"conv": conv.fp32_precision == "tf32", "matmul": matmul.fp32_precision == "tf32"}
+    return {"conv": torch.backends.cudnn.allow_tf32, "matmul": matmul.allow_tf32}
+
+
+def set_reduce_scatter_buffers(module, n: int) -> bool:
+    """FSDP2: keep at most ``n`` reduce-scatter inputs alive (torch >= 2.14); False on older
+    torch, which keeps its own default."""
+    setter = getattr(module, "set_reduce_scatter_max_input_buffers", None)
+    if setter is None:
+        return False
+    setter(n)
+    return True
