@@ -15,6 +15,7 @@ maths of seed 004 (``Y = X A`` with ``A = W^T`` of shape [in, out]):
 Megatron's conjugate operators f (identity forward, all-reduce backward) and g (all-reduce
 forward, identity backward), the gather/scatter pair and the ``CommLog`` that counts bytes
 live in helpers.parallel.tp_comm (picotron's split: layers here, communications there).
+``param_groups`` gives an optimizer a DTensor model's parameters in groups it can step on a GPU.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ __all__ = [
     "copy_to_tp",
     "kv_heads_per_rank",
     "gather_from_tp",
+    "param_groups",
     "reduce_from_tp",
     "scatter_to_tp",
     "tp_rank_size",
@@ -213,3 +215,26 @@ class ParallelAttention(nn.Module):
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         x = copy_to_tp(x, self.group, self.log, self.name)  # f, shared by q, k and v
         return self.inner(x, *args, **kwargs)
+
+
+# --------------------------------------------------------------------------- optimizer
+
+
+def param_groups(params) -> list[dict]:
+    """``params`` as optimizer groups of one kind each: the DTensors (what a DTensor plan
+    sharded or replicated), then the plain tensors (what it left alone: embeddings, norms...).
+
+        opt = torch.optim.AdamW(TP.param_groups(model.parameters()), lr=1e-3)
+
+    On a GPU, torch's optimizers update a group with one ``foreach`` kernel over all its
+    tensors, and that kernel refuses a list that mixes DTensors with plain tensors
+    (``got mixed torch.Tensor and DTensor``); on the CPU they loop over the tensors one by
+    one, so CPU ranks never meet it. torchtitan meets it neither: its plan makes every
+    parameter a DTensor. Groups change nothing else: same settings, same update.
+    """
+    from torch.distributed.tensor import DTensor
+
+    params = list(params)
+    kinds = [[p for p in params if isinstance(p, DTensor)],
+             [p for p in params if not isinstance(p, DTensor)]]  # fmt: skip
+    return [{"params": kind} for kind in kinds if kind]

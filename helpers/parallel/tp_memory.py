@@ -131,6 +131,7 @@ def measure_rank(d, cfg, batch: int, seq: int, layout: str) -> dict[str, float]:
     gradients, optimizer states) and the bytes all the blocks save for backward (activations)."""
     from helpers.parallel import tp_inference as TI
     from helpers.parallel import tp_sp
+    from helpers.parallel.tp import param_groups
 
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, cfg.vocab, (batch, seq + 1), generator=g)
@@ -144,7 +145,8 @@ def measure_rank(d, cfg, batch: int, seq: int, layout: str) -> dict[str, float]:
 
     activations = saved_bytes(blocks, x, exclude=model)
     model.zero_grad(set_to_none=True)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    # DTensors apart from plain tensors: a GPU's foreach step refuses the two in one group
+    opt = torch.optim.AdamW(param_groups(model.parameters()), lr=1e-3)
     logits = model(tokens[:, :-1])
     F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).backward()
     if layout == "sp" and d.world_size > 1:
