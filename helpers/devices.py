@@ -69,3 +69,11 @@ def gpu_sized(device: torch.device) -> bool:
 def pin_memory(device: torch.device) -> bool:
     """Whether a DataLoader feeding ``device`` should pin its host batches (GPUs: yes)."""
     return is_gpu(device)
+
+
+def allocator_stats(device: torch.device):
+    """The module whose caching allocator counts this device's bytes (``torch.cuda`` on a CUDA
+    GPU: ``memory_allocated``, ``max_memory_allocated``, ``reset_peak_memory_stats``), or None
+    where the caller must count tensors itself (the CPU, and the stand-in GPU, whose tensors
+    hold host memory)."""
+    return torch.cuda if device.type == "cuda" else None

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
-from helpers import standin
+from helpers import devices, standin
 from helpers.data import synthetic
 from helpers.dist import Dist, print0
 
@@ -228,6 +228,7 @@ def make_loader(
     seed: int = 0,
     drop_last: bool = False,
     num_workers: int = 0,
+    device: torch.device | None = None,
 ) -> DataLoader:
     """A DataLoader that gives each rank its own slice of ``ds`` when ``d.world_size > 1``.
 
@@ -240,15 +241,20 @@ def make_loader(
     gets floor(N/W). drop_last also drops the last incomplete batch.
 
     batch_size is per rank: the global batch is batch_size * world_size.
+
+    device: where the batches go (default: ``d.device``, else the CPU). For a GPU the
+    batches are pinned (page-locked host memory, ``helpers.devices.pin_memory``): the GPU
+    copies them by DMA without a staging copy, and ``.to(device, non_blocking=True)``
+    returns at once, so the copy overlaps the GPU's work.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    on_gpu = d is not None and d.device.type == "cuda"
+    device = device if device is not None else (d.device if d is not None else None)
     common = dict(
         batch_size=batch_size,
         drop_last=drop_last,
         num_workers=num_workers,
-        pin_memory=on_gpu,  # page-locked host memory -> faster, async copies to the GPU
+        pin_memory=device is not None and devices.pin_memory(device),
         persistent_workers=num_workers > 0,
     )
     if d is not None and d.world_size > 1:

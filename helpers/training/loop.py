@@ -26,6 +26,7 @@ import torch.distributed as tdist
 import torch.nn as nn
 from torch.profiler import record_function
 
+from helpers import devices
 from helpers.dist import synchronize  # GPU work is queued: wait before reading a clock
 
 __all__ = [
@@ -68,7 +69,7 @@ def phase(name: str):
 def _check_amp(amp: str | None, device: torch.device) -> str | None:
     if amp not in AMP_CHOICES:
         raise ValueError(f"amp must be one of None, 'none', 'bf16', 'fp16', got {amp!r}")
-    if amp == "fp16" and device.type != "cuda":
+    if amp == "fp16" and not devices.is_gpu(device):
         raise ValueError(
             "amp='fp16' needs a GPU (float16 autocast on CPU is slow and needs loss scaling); "
             "use amp='bf16' on CPU"
@@ -78,10 +79,8 @@ def _check_amp(amp: str | None, device: torch.device) -> str | None:
 
 def default_amp(device: torch.device) -> str:
     """The mixed-precision mode to try first: bf16 on CPU and bf16-capable GPUs, else fp16."""
-    # including_emulation=False: V100 and T4 run bf16 only in emulation, far slower than fp16.
-    if device.type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
-        return "fp16"
-    return "bf16"
+    # Emulation excluded: V100 and T4 run bf16 only in emulation, far slower than fp16.
+    return "bf16" if devices.supports_bf16(device) else "fp16"
 
 
 def autocast(device: torch.device, amp: str | None):

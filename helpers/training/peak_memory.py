@@ -9,17 +9,17 @@
     mem.marks     # {"attention done": bytes}
     mem.reset_peak()   # the peak from now on (one step of several)
 
-On a GPU this is the CUDA caching allocator's own statistic (``max_memory_allocated`` after
-``reset_peak_memory_stats``, minus what was allocated at the start). On CPU there is no
-such counter, so a TorchDispatchMode watches every operator: each new storage an operator
-returns is added to the live total, and a weak reference's callback subtracts it when the
-storage is freed. A storage resized in place counts by the change of its size, whenever
-it was made: FSDP2 frees a layer's gathered weights by resizing their storage to 0 and
-resizes the same storage back to gather them again, in every step. It sees tensors, not the
-scratch memory inside a kernel (a fused attention kernel's tiles), so it measures what the
-Python code materialises: an S x S score matrix shows up, a kernel that never builds one
-does not. ``trace=True`` (CPU) also keeps (seconds, live
-bytes) after every operator, for a plot of memory through a step.
+On a CUDA GPU this is the caching allocator's own statistic (``max_memory_allocated`` after
+``reset_peak_memory_stats``, minus what was allocated at the start). On the CPU, and on the dry
+run's stand-in GPU, there is no such counter, so a TorchDispatchMode watches every operator:
+each new storage an operator returns is added to the live total, and a weak reference's
+callback subtracts it when the storage is freed. A storage resized in place counts by the
+change of its size, whenever it was made: FSDP2 frees a layer's gathered weights by resizing
+their storage to 0 and resizes the same storage back to gather them again, in every step. It
+sees tensors, not the scratch memory inside a kernel (a fused attention kernel's tiles), so it
+measures what the Python code materialises: an S x S score matrix shows up, a kernel that never
+builds one does not. ``trace=True`` (counted tensors only) also keeps (seconds, live bytes)
+after every operator, for a plot of memory through a step.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
+
+from helpers import devices
 
 __all__ = ["PeakMemory"]
 
@@ -136,11 +138,13 @@ class PeakMemory:
         self._want_trace = trace
         self._mode: _LiveStorages | None = None
         self._resize = None
+        # CUDA's allocator counts its bytes; elsewhere (CPU, stand-in GPU) storages are counted
+        self._stats = devices.allocator_stats(self.device)
 
     def _live(self) -> int:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            return torch.cuda.memory_allocated(self.device) - self._base
+        if self._stats:
+            self._stats.synchronize(self.device)
+            return self._stats.memory_allocated(self.device) - self._base
         self._mode.sweep()
         return self._mode.live
 
@@ -151,18 +155,18 @@ class PeakMemory:
 
     def reset_peak(self) -> None:
         """Start the peak again from what is alive now (to measure one step of several)."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
+        if self._stats:
+            self._stats.synchronize(self.device)
+            self._stats.reset_peak_memory_stats(self.device)
         else:
             self._mode.sweep()
             self._mode.peak = self._mode.live
 
     def __enter__(self) -> PeakMemory:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-            self._base = torch.cuda.memory_allocated(self.device)
+        if self._stats:
+            self._stats.synchronize(self.device)
+            self._stats.reset_peak_memory_stats(self.device)
+            self._base = self._stats.memory_allocated(self.device)
         else:
             self._mode = mode = _LiveStorages(self._want_trace)
             self._resize = original = torch.UntypedStorage.resize_
@@ -178,10 +182,10 @@ class PeakMemory:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            self.peak = torch.cuda.max_memory_allocated(self.device) - self._base
-            self.held = torch.cuda.memory_allocated(self.device) - self._base
+        if self._stats:
+            self._stats.synchronize(self.device)
+            self.peak = self._stats.max_memory_allocated(self.device) - self._base
+            self.held = self._stats.memory_allocated(self.device) - self._base
         else:
             self._mode.__exit__(*exc)
             self._mode.sweep()

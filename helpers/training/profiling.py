@@ -22,8 +22,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity
 
+from helpers import devices
 from helpers.training.loop import PHASES, grad_scaler, synchronize, train_epoch, train_step
 
 __all__ = ["throughput", "profile", "ProfileSummary", "format_table"]
@@ -96,9 +98,10 @@ class ProfileSummary:
     """Where the time of a few training steps went.
 
     phases: milliseconds per step in each phase ("data", "forward", "backward",
-        "optimizer"), from the record_function ranges in train_epoch.
+        "optimizer"), the host's time in the record_function ranges of train_epoch.
     top_ops: the most expensive operators, as dicts {name, self_ms, calls, percent},
-        by self time (time in the operator itself, not its children).
+        by self time (time in the operator itself, not its children): CPU time, or on a
+        GPU the time of the kernels the operator launched.
     table: torch.profiler's own table of the same operators, as a string.
     """
 
@@ -134,27 +137,32 @@ def profile(
 ) -> ProfileSummary:
     """Run torch.profiler over ``steps`` training steps (on a copy of ``model``) and summarise.
 
-    On a GPU the ranking uses device (kernel) time: the CPU time of an
-    asynchronous CUDA call is only the launch.
+    On a GPU the operators are ranked by the kernel time they launched: the CPU time of an
+    asynchronous CUDA call is only the launch. Phases are host time on every device.
     """
     model = copy.deepcopy(model).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     train_epoch(model, loader, optimizer, device, amp, max_steps=warmup)  # warm up, untimed
-    activities = [ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(ProfilerActivity.CUDA)
+    # A GPU whose kernels the profiler can time (CUDA; not the dry run's stand-in, whose
+    # kernels run on the CPU and are timed as CPU operators).
+    on_gpu = (
+        devices.is_gpu(device) and ProfilerActivity.CUDA in torch.profiler.supported_activities()
+    )
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if on_gpu else [ProfilerActivity.CPU]
     with _quiet_kineto(), torch.profiler.profile(activities=activities) as prof:
         train_epoch(model, loader, optimizer, device, amp, max_steps=steps)
+    # Operators and phase ranges are host rows; a GPU adds rows of its own (each kernel, and
+    # the phase ranges again as GPU annotations), left out here: operators are ranked by the
+    # kernel time they launched, under their own names.
     events = prof.key_averages()
-    on_gpu = device.type == "cuda"
+    host = [e for e in events if e.device_type == DeviceType.CPU]
     self_key = "self_device_time_total" if on_gpu else "self_cpu_time_total"
-    total_key = "device_time_total" if on_gpu else "cpu_time_total"
-    phases = {e.key: getattr(e, total_key) / 1000 / steps for e in events if e.key in PHASES}
-    if on_gpu:  # data loading happens on the CPU; its device time is ~0
-        phases["data"] = (
-            next((e.cpu_time_total for e in events if e.key == "data"), 0) / 1000 / steps
-        )
-    ops = [e for e in events if e.key not in PHASES and not e.key.startswith("ProfilerStep")]
+    # Phases in host time, on every device. On a GPU, backward's kernels are launched from
+    # autograd's device thread, outside the host's "backward" range, so its kernel time would
+    # read ~0; the host's time is what a step waits for when kernels are short (a small
+    # model), and follows the GPU when its queue of kernels is full.
+    phases = {e.key: e.cpu_time_total / 1000 / steps for e in host if e.key in PHASES}
+    ops = [e for e in host if e.key not in PHASES and not e.key.startswith("ProfilerStep")]
     ops.sort(key=lambda e: getattr(e, self_key), reverse=True)
     everything = sum(getattr(e, self_key) for e in ops) or 1.0
     top = [

@@ -36,6 +36,32 @@ def machine_label(backend: str = "gloo", ranks: int | str | None = None) -> str:
     return f"{hw}, {backend}{who}, torch {torch.__version__.split('+')[0]}"
 
 
+def device_label(device) -> str:
+    """What a one-device measurement ran on: '1 x NVIDIA H100 80GB HBM3 (cuda:0), torch 2.11.0'
+    on a GPU, '2-core CPU (Intel Xeon ...), torch 2.14.1' on the CPU.
+
+    For a notebook that computes on ``device`` itself (no ranks, no backend): its figures were
+    measured on that device, and the label says which.
+    """
+    import os
+    import platform
+    import re
+    from pathlib import Path
+
+    import torch
+
+    from helpers import devices
+
+    version = torch.__version__.split("+")[0]
+    if devices.is_gpu(device):
+        return f"1 x {devices.device_name(device)} ({device}), torch {version}"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    found = re.search(r"^model name\s*:\s*(.+)$", info, re.M)
+    model = found.group(1).strip() if found else (platform.processor() or platform.machine())
+    return f"{cores}-core CPU ({model}), torch {version}"
+
+
 def new_figure(title: str, measured_on: str | None = None, ncols: int = 1, width: float = 5.5):
     """A figure with one row of ``ncols`` axes and a 'measured on' footnote."""
     fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, 3.8), squeeze=False)

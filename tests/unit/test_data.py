@@ -182,3 +182,13 @@ def test_mnist_standin_extra_images_are_shifted_copies_not_repeats():
     x = train.tensors[0]
     assert len(x) == 1600
     assert x[:1500].std() > 0 and not torch.equal(x[1500:], x[:100])
+
+
+def test_loaders_for_a_gpu_pin_their_batches_and_loaders_for_the_cpu_do_not():
+    # Notebook 01's loaders never pinned memory on CUDA (only a Dist's device was asked).
+    ds = torch.utils.data.TensorDataset(torch.arange(8))
+    gpu = torch.device("cuda", 0)
+    assert data.make_loader(ds, 4, device=gpu).pin_memory
+    assert data.make_loader(ds, 4, Dist(device=gpu, backend="none")).pin_memory
+    assert not data.make_loader(ds, 4, device=torch.device("cpu")).pin_memory
+    assert not data.make_loader(ds, 4).pin_memory

@@ -158,3 +158,40 @@ def test_default_amp_refuses_emulated_bf16(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
     assert training.default_amp(torch.device("cuda")) == "bf16"
     assert training.default_amp(torch.device("cpu")) == "bf16"
+
+
+def test_the_loop_asks_helpers_devices_which_path_a_gpu_takes(monkeypatch):
+    # A program never tests device.type == "cuda": the stand-in GPU of the dry run (device
+    # type "gpu") must take the GPU's path, so the loop asks helpers.devices.
+    from helpers import devices
+
+    monkeypatch.setattr(devices, "is_gpu", lambda device: True)
+    assert isinstance(training.grad_scaler(CPU, "fp16"), torch.amp.GradScaler)
+    monkeypatch.setattr(devices, "supports_bf16", lambda device: False)
+    assert training.default_amp(CPU) == "fp16"
+
+
+def test_peak_memory_reads_the_allocator_helpers_devices_names(monkeypatch):
+    from helpers import devices
+    from helpers.training.peak_memory import PeakMemory
+
+    class Allocator:  # what torch.cuda answers: bytes allocated now, and the most since a reset
+        now, most = 1000, 1000
+
+        def synchronize(self, device=None):
+            pass
+
+        def reset_peak_memory_stats(self, device=None):
+            self.most = self.now
+
+        def memory_allocated(self, device=None):
+            return self.now
+
+        def max_memory_allocated(self, device=None):
+            return self.most
+
+    stats = Allocator()
+    monkeypatch.setattr(devices, "allocator_stats", lambda device: stats)
+    with PeakMemory(CPU) as mem:
+        stats.now, stats.most = 1500, 3000
+    assert (mem.peak, mem.held) == (2000, 500)
