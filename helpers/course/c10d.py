@@ -50,6 +50,8 @@ def named_p2p(api: threading.local) -> Iterator[None]:
     """Wrap torch.distributed's send/recv/isend/irecv so the log says which one was called."""
     modules = (tdist, tdist.distributed_c10d)
     saved = [(m, n, getattr(m, n)) for m in modules for n in _P2P_FUNCTIONS if hasattr(m, n)]
+    wrappers: dict = {}  # one wrapper per function, the same in both modules: P2POp and
+    # batch_isend_irecv test ``op is isend`` against distributed_c10d's own name
 
     def named(name, original):
         def call(*args, **kwargs):
@@ -65,7 +67,9 @@ def named_p2p(api: threading.local) -> Iterator[None]:
 
     try:
         for module, name, original in saved:
-            setattr(module, name, named(name, original))
+            if (name, id(original)) not in wrappers:
+                wrappers[name, id(original)] = named(name, original)
+            setattr(module, name, wrappers[name, id(original)])
         yield
     finally:
         for module, name, original in saved:

@@ -21,6 +21,12 @@ On the grader's side (plain functions of the logs, so another recorder can feed 
     tampered_reference(q, k, v, positions, causal, rank, tamper_rank, delta)  what rank's
         output must be when every message tamper_rank sends has delta added to it
 
+On a GPU every tensor an operation meets must be on the GPU: a log-sum-exp or a mask left
+on the host crashes there ("Expected all tensors to be on the same device") and passes on
+CPU ranks. ``standin_gpu()`` makes the ranks spawned inside it run on the stand-in GPU in
+strict mode (helpers.standin), where it fails the same way, and ``ring_on_gpu`` is the rank's
+side: its shares moved to ``d.device``, the learner's ring run there, the output brought back.
+
 A block passes through ranks j, j+1, ..., i-1 on its way from its owner j to rank i, each
 sending it once, so rank i sees block j tampered exactly when tamper_rank is among them.
 """
@@ -30,6 +36,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import os
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -37,6 +45,7 @@ import torch
 import torch.distributed as tdist
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from helpers import standin
 from helpers.course.events import EventLog
 from helpers.course.traffic import Tamper, Traffic, record_traffic
 from helpers.parallel import allgather_attention, context_layout, online_softmax, ring_attention
@@ -48,6 +57,8 @@ __all__ = [
     "message_problems",
     "no_workbook_answers",
     "own_attention",
+    "ring_on_gpu",
+    "standin_gpu",
     "streamed_rings",
     "tampered_reference",
     "watch_ring",
@@ -261,3 +272,32 @@ def tampered_reference(q, k, v, positions, causal, rank, tamper_rank, delta) -> 
     q_pos = positions[rank]
     mask = causal_mask(q_pos, torch.arange(k.shape[-2])) if causal else None
     return attention(q.index_select(-2, q_pos), k2, v2, mask)
+
+
+@contextlib.contextmanager
+def standin_gpu() -> Iterator[None]:
+    """Ranks spawned inside run on the stand-in GPU, strict: a host tensor met by a device
+    tensor fails as on CUDA (helpers.standin; the ranks read the mode when they start)."""
+    saved = os.environ.get(standin.MODE_ENV)
+    os.environ[standin.MODE_ENV] = "strict"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(standin.MODE_ENV, None)
+        else:
+            os.environ[standin.MODE_ENV] = saved
+
+
+def ring_on_gpu(d, ring, q, k, v, positions, causal, exercise: str = "ring_attention"):
+    """On a rank: ``ring`` on this rank's rows moved to ``d.device``, with the workbook's
+    answers and torch's fused attention off; (device name, output on the host)."""
+    warnings.filterwarnings("ignore", message=".*barrier.*")  # the stand-in's cleanup, not yours
+    mine = [t.index_select(-2, positions[d.rank]).to(d.device) for t in (q, k, v)]
+    with own_attention(exercise):
+        out = ring(d, *mine, positions, causal)
+    if not isinstance(out, torch.Tensor) or out.device != d.device:
+        where = out.device if isinstance(out, torch.Tensor) else type(out).__name__
+        raise AssertionError(f"{exercise} returned its output on {where}: q is on {d.device}, "
+                             "and so should the output be")  # fmt: skip
+    return str(d.device), out.cpu()

@@ -11,8 +11,8 @@ them all, the ranks pass K/V blocks to the right-hand neighbour:
 and merges the partial results with their log-sum-exp (helpers.parallel.online_softmax).
 A rank holds at most two K/V blocks at a time (the one it computes on and the one arriving),
 never the whole sequence, and with ``overlap=True`` the next block is already in flight
-(isend/irecv posted) while the current one is computed: a step then costs about
-max(compute, transfer) instead of their sum.
+(send and receive posted as one batch) while the current one is computed: a step then
+costs about max(compute, transfer) instead of their sum.
 
     ring_attention(d, q, k, v, positions, causal)   forward only (no autograd), optional timeline
     RingAttention.apply(q, k, v, positions, causal, group)   with the ring backward:
@@ -30,10 +30,11 @@ import time
 import torch
 import torch.distributed as tdist
 
+from helpers import devices
 from helpers.parallel.context_layout import sub_blocks
 from helpers.parallel.online_softmax import block_attention, merge
 
-__all__ = ["RingAttention", "ring_attention", "ring_peers"]
+__all__ = ["RingAttention", "exchange", "ring_attention", "ring_peers"]
 
 
 def ring_peers(group=None) -> tuple[int, int, int, int]:
@@ -43,14 +44,18 @@ def ring_peers(group=None) -> tuple[int, int, int, int]:
     return rank, n, glob((rank + 1) % n), glob((rank - 1) % n)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def exchange(send: torch.Tensor, recv: torch.Tensor, right: int, left: int, group=None) -> list:
+    """Post: send ``send`` to the right, receive into ``recv`` from the left; return requests.
 
-
-def _exchange(send: torch.Tensor, recv: torch.Tensor, right: int, left: int, group) -> list:
-    """Post: send ``send`` to the right, receive into ``recv`` from the left; return requests."""
-    return [tdist.isend(send, right, group=group), tdist.irecv(recv, left, group=group)]
+    The pair goes as ONE batch (``batch_isend_irecv``): with 2 ranks the right-hand and the
+    left-hand neighbour are the same rank, and NCCL can deadlock on a separate, unpaired send
+    and receive between two ranks; batched, it posts them together (picotron does the same).
+    """
+    ops = [
+        tdist.P2POp(tdist.isend, send, right, group),
+        tdist.P2POp(tdist.irecv, recv, left, group),
+    ]
+    return tdist.batch_isend_irecv(ops)
 
 
 def _attend_block(q, kv, q_pos, k_pos, causal, out, lse):
@@ -73,7 +78,7 @@ def _ring_forward(q, k, v, positions, causal, group, overlap=True, timeline=None
         if step < n - 1:  # the next block: from the left, of rank (rank - step - 1)
             shape = (*kv.shape[:-2], len(positions[(src - 1) % n]), kv.shape[-1])
             nxt = torch.empty(shape, dtype=kv.dtype, device=kv.device)
-            reqs = _exchange(kv, nxt, right, left, group)
+            reqs = exchange(kv, nxt, right, left, group)
             if not overlap:  # blocking: the block has arrived before the compute starts
                 for req in reqs:
                     req.wait()
@@ -81,12 +86,12 @@ def _ring_forward(q, k, v, positions, causal, group, overlap=True, timeline=None
         t0, cpu0 = time.perf_counter(), time.thread_time()
         _attend_block(q, kv, positions[rank], positions[src], causal, out, lse)
         if timeline is not None:
-            _sync(q.device)
+            devices.synchronize(q.device)
         t1, cpu = time.perf_counter(), time.thread_time() - cpu0
         for req in reqs:
             req.wait()
         if timeline is not None:
-            _sync(q.device)
+            devices.synchronize(q.device)
             timeline.append({"step": step, "post": t_post, "compute": (t0, t1), "cpu_s": cpu,
                              "arrived": time.perf_counter()})  # fmt: skip
         kv = nxt if nxt is not None else kv
@@ -150,14 +155,14 @@ class RingAttention(torch.autograd.Function):
             reqs, nxt = [], None
             if step < n - 1:  # K/V of the next block, overlapped with this block's compute
                 nxt = kv.new_empty((*kv.shape[:-2], len(positions[(src - 1) % n]), kv.shape[-1]))
-                reqs = _exchange(kv, nxt, right, left, group)
+                reqs = exchange(kv, nxt, right, left, group)
             _block_grads(q, kv, dout, out_dot, lse, positions[rank], positions[src], causal,
                          dq, dkv)  # fmt: skip
             # dK/dV of block src go right, to the next rank that sees it (after N steps: its owner)
             incoming = dkv.new_empty(
                 (*dkv.shape[:-2], len(positions[(src - 1) % n]), dkv.shape[-1])
             )
-            for req in [*reqs, *_exchange(dkv, incoming, right, left, group)]:
+            for req in [*reqs, *exchange(dkv, incoming, right, left, group)]:
                 req.wait()
             kv, dkv = (nxt if nxt is not None else kv), incoming
         return dq, dkv[0], dkv[1], None, None, None

@@ -3,10 +3,14 @@
 The log-sum-exp merge (in one process), the layouts (contiguous and load-balanced), and on
 2 and 4 gloo ranks: all-gather-K/V attention and ring attention, causal and not, even and
 uneven sequence lengths, odd shapes, forward and backward (each rank's dQ, dK, dV equal the
-serial gradients of its own tokens). The ring's messages go only to the right-hand
-neighbour, N - 1 of them, each the K/V block of the rank it came from. Lab 7's checks see
-what a ring's messages carry, catch a decoy that sends zeros, and predict a tampered ring's
-output. (What torch's own context_parallel does on CPU ranks is asserted in notebook 09.)
+serial gradients of its own tokens), for the plain ring, the all-gather and the ring on
+torch's fused kernels (helpers.parallel.fused_ring_attention, which also gets a striped
+layout). The ring's messages go only to the right-hand neighbour, N - 1 of them, each the
+K/V block of the rank it came from, each step's send and receive posted as one
+batch_isend_irecv (NCCL's pairing with 2 ranks). Lab 7's checks see what a batched ring's
+messages carry, catch a decoy that sends zeros, predict a tampered ring's output, and run a
+ring on the stand-in GPU, where a log-sum-exp left on the host fails as on CUDA. (What
+torch's own context_parallel does on CPU ranks is asserted in notebook 09.)
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import torch.nn.functional as F
 from helpers import launch
 from helpers.parallel import allgather_attention as AG
 from helpers.parallel import context_layout as L
+from helpers.parallel import fused_ring_attention as FR
 from helpers.parallel import online_softmax as OS
 from helpers.parallel import ring_attention as RA
 from helpers.training.peak_memory import PeakMemory
@@ -146,7 +151,14 @@ CASES = [  # (shape [B, H, S, D], causal, layout)
     ((1, 3, 13, 5), True, "contiguous"),
     ((1, 2, 16, 8), True, "balanced"),
     ((2, 2, 19, 3), True, "balanced"),  # uneven chunks of a load-balanced layout
+    ((1, 2, 11, 4), True, "striped"),
 ]
+
+
+def _layout(name: str, seq: int, world: int) -> list[torch.Tensor]:
+    if name == "striped":  # every world-th token: runs of one token, not contiguous
+        return [torch.arange(r, seq, world) for r in range(world)]
+    return getattr(L, f"{name}_positions")(seq, world)
 
 
 def _parallel_rank(d, cases, how):
@@ -154,13 +166,17 @@ def _parallel_rank(d, cases, how):
     for i, (shape, causal, layout) in enumerate(cases):
         q, k, v = _qkv(10 + i, shape)
         up = _qkv(100 + i, shape)[0]
-        pos = getattr(L, f"{layout}_positions")(shape[-2], d.world_size)
+        pos = _layout(layout, shape[-2], d.world_size)
         mine = [L.shard(t, pos[d.rank]).clone().requires_grad_() for t in (q, k, v)]
         if how == "ring":
             out = RA.RingAttention.apply(*mine, pos, causal)
             forward_only = RA.ring_attention(
                 d, *(t.detach() for t in mine), pos, causal, overlap=False
             )
+        elif how == "fused":
+            out = FR.fused_ring_attention(*mine, pos, causal)
+            with torch.no_grad():
+                forward_only = FR.fused_ring_attention(*(t.detach() for t in mine), pos, causal)
         else:
             out = AG.allgather_attention(*mine, pos, causal)
             forward_only = out.detach()
@@ -169,7 +185,7 @@ def _parallel_rank(d, cases, how):
     return results
 
 
-@pytest.mark.parametrize("how", ["ring", "allgather"])
+@pytest.mark.parametrize("how", ["ring", "allgather", "fused"])
 @pytest.mark.parametrize("world", WORLDS)
 def test_context_parallel_equals_serial_forward_and_backward(world, how):
     per_rank = launch.spawn(_parallel_rank, world, (CASES, how))
@@ -177,7 +193,7 @@ def test_context_parallel_equals_serial_forward_and_backward(world, how):
         q, k, v = _qkv(10 + i, shape)
         up = _qkv(100 + i, shape)[0]
         want = _serial(q, k, v, causal, up)
-        pos = getattr(L, f"{layout}_positions")(shape[-2], world)
+        pos = _layout(layout, shape[-2], world)
         for rank, results in enumerate(per_rank):
             out, fwd, dq, dk, dv = results[i]
             where = f"{how}, case {i} {shape} causal={causal} {layout}, rank {rank} of {world}"
@@ -218,6 +234,55 @@ def test_ring_sends_each_block_once_to_the_right(world):
         assert all(
             t["post"] <= t["compute"][0] <= t["compute"][1] <= t["arrived"] for t in timeline
         )
+
+
+def _count_batches(d, shape):
+    """Run the plain ring forward and backward, and the fused one, counting p2p batches."""
+    original, batches = tdist.batch_isend_irecv, []
+
+    def counting(ops):
+        batches.append(sorted(op.op.__name__ for op in ops))
+        return original(ops)
+
+    q, k, v = _qkv(5, shape)
+    pos = L.balanced_positions(shape[-2], d.world_size)
+    mine = [L.shard(t, pos[d.rank]).clone().requires_grad_() for t in (q, k, v)]
+    tdist.batch_isend_irecv = counting
+    try:
+        counts = []
+        for ring in (lambda: RA.RingAttention.apply(*mine, pos, True),
+                     lambda: FR.fused_ring_attention(*mine, pos, True)):  # fmt: skip
+            batches.clear()
+            ring().sum().backward()
+            counts.append(list(batches))
+    finally:
+        tdist.batch_isend_irecv = original
+    return counts
+
+
+def test_ring_steps_post_send_and_receive_as_one_batch():
+    """With 2 ranks right == left: NCCL wants each step's isend/irecv pair batched."""
+    for counts in launch.spawn(_count_batches, 2, ((1, 2, 8, 4),)):
+        for batches in counts:  # forward: N - 1 = 1 K/V step; backward: 1 K/V + N = 2 dK/dV
+            assert batches == [["irecv", "isend"]] * 4, batches
+
+
+def test_fused_ring_segments_of_the_balanced_layout():
+    """Per step one kernel call: own block causal; a lower rank's block its first chunk for
+    every query; a higher rank's block whole, for the second chunk's queries only."""
+    pos = L.balanced_positions(32, 4)  # chunks of 4: rank 1 holds 4-7 and 24-27
+    assert FR.segments(pos[1], pos[1], True, own=True) == [(slice(None), 8, True)]
+    assert FR.segments(pos[1], pos[0], True, own=False) == [(slice(0, 8), 4, False)]
+    assert FR.segments(pos[1], pos[2], True, own=False) == [(slice(4, 8), 8, False)]
+    assert FR.segments(pos[1], pos[2], False, own=False) == [(slice(None), 8, False)]
+
+
+def test_fused_ring_picks_its_kernel_by_device_and_dtype():
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)  # a name: no GPU is needed
+    assert FR.block_kernel(cpu, torch.bfloat16, 64).name == "cpu_flash"
+    assert FR.block_kernel(gpu, torch.bfloat16, 64).name == "flash"
+    assert FR.block_kernel(gpu, torch.float32, 64).name == "efficient"
+    assert FR.block_kernel(gpu, torch.float16, 64).scale == 64**-0.5
 
 
 def _ring_peak(d, seq, causal):
@@ -263,8 +328,9 @@ def _plain_ring(d, q, k, v, positions, causal, zeros=False):
         if step < n - 1:
             nxt = kv.new_empty(*kv.shape[:-2], len(positions[(src - 1) % n]), kv.shape[-1])
             sent = torch.zeros_like(kv) if zeros else kv
-            reqs = [tdist.isend(sent, (r + 1) % n), tdist.irecv(nxt, (r - 1) % n)]
-            for req in reqs:
+            ops = [tdist.P2POp(tdist.isend, sent, (r + 1) % n),
+                   tdist.P2POp(tdist.irecv, nxt, (r - 1) % n)]  # fmt: skip
+            for req in tdist.batch_isend_irecv(ops):  # the recorder sees batched messages
                 req.wait()
             kv = nxt
     return out
@@ -309,3 +375,32 @@ def test_lab7_checks_see_what_the_messages_carry():
         expected = tampered_reference(q, k, v, pos, True, rank, 1, 0.5)
         torch.testing.assert_close(tampered, expected)
         assert (rank == 1) == torch.allclose(expected, out)  # only the tamperer's own output stays
+
+
+def _host_lse_ring(d, q, k, v, positions, causal):
+    """A ring that keeps its log-sum-exp on the host (no device=): right on CPU ranks only."""
+    out = torch.zeros_like(q)
+    lse = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype)  # the mistake
+    s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    new_lse = torch.logaddexp(lse, torch.logsumexp(s, -1))
+    return out + torch.softmax(s, -1) @ v + 0 * new_lse[..., None]
+
+
+def _device_ring(d, q, k, v, positions, causal):
+    """The same one-block ring with every buffer on q.device."""
+    s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    return torch.softmax(s, -1) @ v
+
+
+def test_lab7_stand_in_gpu_fails_a_log_sum_exp_left_on_the_host():
+    from helpers.course.ring_attention_check import ring_on_gpu, standin_gpu
+
+    q, k, v = _qkv(7, (1, 2, 6, 3))
+    pos = [torch.arange(6)]  # one rank: the device rule, not the ring, is under test
+    assert launch.spawn(ring_on_gpu, 1, (_host_lse_ring, q, k, v, pos, False))[0][0] == "cpu"
+    with standin_gpu():
+        device, out = launch.spawn(ring_on_gpu, 1, (_device_ring, q, k, v, pos, False))[0]
+        with pytest.raises(launch.RankFailure, match="Expected all tensors to be on the same"):
+            launch.spawn(ring_on_gpu, 1, (_host_lse_ring, q, k, v, pos, False))
+    assert device == "gpu:0"
+    torch.testing.assert_close(out, OS.attention(q, k, v))
