@@ -37,7 +37,7 @@ import torch
 import torch.distributed as tdist
 from torch import nn
 
-from helpers import data, dist, models
+from helpers import data, devices, dist, models
 from helpers.config import parse
 from helpers.parallel import checkpoint, ddp, fsdp
 from helpers.programs.ddp_config import DDPConfig
@@ -46,7 +46,7 @@ from helpers.training import lr as lr_rules
 from helpers.training.loop import autocast, evaluate, phase
 from helpers.training.resume import NoPreemption, Preemption
 
-__all__ = ["DDPConfig", "train", "main"]
+__all__ = ["DDPConfig", "deterministic", "train", "main"]
 
 
 def _evaluate(model: nn.Module, test_ds, d: dist.Dist, batch_size: int = 500) -> float:
@@ -63,7 +63,7 @@ def train(d: dist.Dist, cfg: DDPConfig) -> dict:
     With cfg.ckpt_dir, a run stopped by a signal returns {"preempted": True, ...}.
     """
     if cfg.deterministic:
-        torch.use_deterministic_algorithms(True)
+        deterministic()
     dist.seed_all(cfg.seed)  # same seed on every rank: the same data order
     loader, test_ds, info = _data(d, cfg)
     model = models.create(info.name, num_classes=info.num_classes).to(d.device)
@@ -118,6 +118,19 @@ def train(d: dist.Dist, cfg: DDPConfig) -> dict:
         if cfg.verbose:  # a study of many runs labels its own results
             dist.print0(f"test accuracy {metrics['test_acc']:.3f}")
     return metrics
+
+
+def deterministic() -> None:
+    """``torch.use_deterministic_algorithms(True)``, in a way a GPU accepts.
+
+    cuBLAS multiplies matrices deterministically only in a fixed workspace, which
+    ``$CUBLAS_WORKSPACE_CONFIG`` sets (":4096:8": 8 buffers of 4 MiB); without it torch
+    refuses the first Linear layer on a GPU. The workspace is sized once, at the first
+    cuBLAS call, so main() sets it before it joins the job (where CUDA starts); train()
+    calls this again for callers that start it themselves (a value already set is kept).
+    """
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
 
 
 def _wrap(model: nn.Module, d: dist.Dist, cfg: DDPConfig, distributed: bool) -> nn.Module:
@@ -256,7 +269,7 @@ def _amp(d: dist.Dist, cfg: DDPConfig) -> str:
     """bf16 autocast where the GPU computes bf16 natively (auto), else none."""
     if cfg.amp != "auto":
         return cfg.amp
-    return "bf16" if d.device.type != "cpu" and dist.supports_bf16(d.device) else "none"
+    return "bf16" if devices.is_gpu(d.device) and dist.supports_bf16(d.device) else "none"
 
 
 def _inject_faults(d, cfg, step: int, resumed: bool) -> None:
@@ -273,6 +286,8 @@ def _inject_faults(d, cfg, step: int, resumed: bool) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     cfg = parse(DDPConfig, argv)
+    if cfg.deterministic:  # before CUDA starts
+        deterministic()
     with dist.session() as d:
         dist.print0(f"{d}; global batch {cfg.batch_size * d.world_size}")
         metrics = train(d, cfg)

@@ -214,3 +214,16 @@ def test_fsdp_sharded_checkpoint_resumes_bit_identical(tmp_path):
     assert m["resumed_at"] == [4] and m["steps"] == STEPS
     assert m["loss"] == ref.metrics["loss"]
     assert m["params_sha256"] == ref.metrics["params_sha256"]
+
+
+def test_a_deterministic_run_steps_on_a_gpu(tmp_path, monkeypatch):
+    """``--deterministic true`` on a GPU: torch refuses cuBLAS under deterministic algorithms
+    unless ``$CUBLAS_WORKSPACE_CONFIG`` fixes its workspace, and the program sets it. One rank
+    on the stand-in GPU (device-strict: it refuses what CUDA refuses), 2 steps."""
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    monkeypatch.setenv(runs.RUNS_ENV, str(tmp_path / "runs"))
+    args = [*ARGS, "--max-steps", 2, "--epochs", 1]
+    res = launch.run(program.__file__, nproc=1, name="test-deterministic-gpu", timeout=120,
+                     args=args, env={"WORKBOOK_DEVICE_CHECK": "strict"}, stream=False)  # fmt: skip
+    assert res.ok, res.traceback
+    assert res.metrics["steps"] == 2
