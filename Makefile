@@ -70,10 +70,16 @@ bench: setup
 dryrun: setup
 	$(PY) -m helpers.course.dryrun --execute
 
-# On a GPU node (instructors, before a workshop): every job program on all visible GPUs with
-# NCCL, notebook 01 on CUDA, and the GPU figures notebooks 01, 02 and 07 show.
-gpu-check: setup
-	$(PY) -m helpers.course.gpucheck
+# On a GPU node (instructors, before a workshop): every job program on the visible GPUs with
+# NCCL, each under its own time limit, notebook 01 on CUDA, and the GPU figures notebooks 01,
+# 02 and 07 show. No `make setup`: it runs with the Python that has the site's PyTorch
+# (`make gpu-check PY=python`; without PY: this checkout's .venv if there is one, else python3),
+# the workbook installed there with `pip install --no-deps -e .`; GPU_CHECK_ARGS=--plan lists
+# what it would run.
+GPU_PY ?= $(if $(filter $(VENV)/bin/python,$(PY)),$(if $(wildcard $(PY)),$(PY),$(PYTHON)),$(PY))
+GPU_CHECK_ARGS ?=
+gpu-check:
+	$(GPU_PY) -m helpers.course.gpucheck $(GPU_CHECK_ARGS)
 
 slurm-up:
 	bash slurm/local/start.sh --nodes $(SLURM_NODES)

@@ -69,6 +69,9 @@ class Job(Following):
     requeue: bool = False  # back to the queue when preempted or stopped by the signal
     launcher: str = "torchrun"  # or "deepspeed": DeepSpeed's launcher on a single node
     files: Sequence[str | os.PathLike] = ()  # more files the program reads (a config): copied
+    # the fewest GPUs its layout runs on (tp=2, 2 pipeline stages): 0 = any; make gpu-check
+    # reports the job as "needs N GPUs" on a node with fewer, without starting it
+    min_gpus: int = 0
     job_id: str | None = field(default=None, init=False)
     run_dir: Path | None = field(default=None, init=False)
 
@@ -182,6 +185,7 @@ class Job(Following):
             "files": sorted(self._modules), "gpu": facts["gpu"], "mem": mem,
             "host_mem_per_gpu_gb": facts["host_mem_per_gpu_gb"], "key": self.key,
             "written_by": os.environ.get("WORKBOOK_NOTEBOOK", ""),
+            **({"min_gpus": self.min_gpus} if self.min_gpus else {}),
         }  # fmt: skip
 
     def local_command(self) -> str:

@@ -199,7 +199,7 @@ def throughput(d: dist.Dist, cfg: LlamaConfig, args, times: list[float]) -> dict
         "flops_per_token": flops,
         "peak_flops_per_rank": peak,
         "peak_source": source,
-        "mfu": tokens_per_s * flops / (d.world_size * peak),
+        "mfu": tokens_per_s * flops / (d.world_size * peak) if peak else None,
         "mfu_counts": "model FLOPs (6 per parameter per token + attention), no recomputation",
         "dtype": str(compute_dtype(d, cfg)).removeprefix("torch."),
         "device": dist.device_name(d.device),
@@ -208,8 +208,9 @@ def throughput(d: dist.Dist, cfg: LlamaConfig, args, times: list[float]) -> dict
     }
 
 
-def peak_flops(d: dist.Dist, cfg: LlamaConfig) -> tuple[float, str]:
-    """(per-rank peak FLOP/s, where it comes from) for the dtype this run computes in."""
+def peak_flops(d: dist.Dist, cfg: LlamaConfig) -> tuple[float | None, str]:
+    """(per-rank peak FLOP/s, where it comes from) for the dtype this run computes in; None
+    for a GPU that helpers/gpus.py does not know (the run goes on without an MFU)."""
     if cfg.peak_flops:
         return cfg.peak_flops, "--peak-flops"
     if d.device.type == "cpu":
@@ -218,7 +219,13 @@ def peak_flops(d: dist.Dist, cfg: LlamaConfig) -> tuple[float, str]:
     if dtype == "fp32" and torch.backends.cuda.matmul.allow_tf32:
         dtype = "tf32"  # fp32 matmuls on tensor cores
     name = dist.device_name(d.device)
-    return gpus.peak_flops(name, dtype), f"{gpus.lookup(name).name} dense {dtype} (helpers/gpus.py)"
+    gpu = gpus.find(name)
+    if gpu is None or dtype not in gpu.tflops:
+        return (
+            None,
+            f"unknown peak for {name} ({dtype}): add it to helpers/gpus.py or pass --peak-flops",
+        )
+    return gpu.peak(dtype), f"{gpu.name} dense {dtype} (helpers/gpus.py)"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -227,7 +234,8 @@ def main(argv: list[str] | None = None) -> None:
         dist.print0(f"{d}; Llama 2 {cfg.model}, tp={cfg.tp}, global batch {cfg.batch_size}")
         out = train(d, cfg)
         dist.print0(f"losses {[round(x, 4) for x in out['losses']]}")
-        dist.print0(f"{out['tokens_per_s']:.0f} tokens/s, MFU {100 * out['mfu']:.1f} %")
+        mfu = f"{100 * out['mfu']:.1f} %" if out["mfu"] is not None else out["peak_source"]
+        dist.print0(f"{out['tokens_per_s']:.0f} tokens/s, MFU: {mfu}")
         if d.is_main:
             write_metrics(out)
 

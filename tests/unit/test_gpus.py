@@ -19,7 +19,12 @@ ROOT = Path(__file__).resolve().parents[2]
     "name,key",
     [("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA A100-SXM4-40GB", "a100-40"),
      ("NVIDIA A100-SXM4-80GB", "a100-80"), ("NVIDIA H200", "h200"), ("NVIDIA L40S", "l40s"),
-     ("Tesla V100-SXM2-32GB", "v100-32"), ("Tesla V100-SXM2-16GB", "v100-16")],
+     ("Tesla V100-SXM2-32GB", "v100-32"), ("Tesla V100-SXM2-16GB", "v100-16"),
+     # these found the SXM H100, the H200, or nothing (KeyError) before
+     ("NVIDIA H100 PCIe", "h100-pcie"), ("NVIDIA H100 NVL", "h100-nvl"),
+     ("NVIDIA H200 NVL", "h200-nvl"), ("NVIDIA GH200 480GB", "gh200"),
+     ("NVIDIA GH200 144G HBM3e", "gh200-144"), ("NVIDIA A40", "a40"), ("NVIDIA L40", "l40"),
+     ("Tesla T4", "t4")],
 )  # fmt: skip
 def test_device_names_find_their_gpu(name, key):
     assert gpus.lookup(name) is gpus.GPUS[key]
@@ -35,6 +40,35 @@ def test_dense_peaks_and_bf16_support():
         gpus.peak_flops("v100-32", "bf16")
     with pytest.raises(KeyError, match="add it to helpers/gpus.py"):
         gpus.lookup("TPU v5")
+    assert gpus.find("TPU v5") is None
+
+
+def test_pcie_nvl_and_superchip_boards_have_their_own_dense_peaks():
+    """NVIDIA's datasheets print sparse rates; the dense ones are half (H100 PCIe 1,513 -> 756.5,
+    NVL 1,671 -> 835.5); the GH200 computes as the SXM H100 with its own 96 or 144 GB."""
+    assert gpus.peak_flops("NVIDIA H100 PCIe", "bf16") == pytest.approx(756.5e12)
+    assert gpus.peak_flops("NVIDIA H100 NVL", "bf16") == pytest.approx(835.5e12)
+    assert gpus.peak_flops("NVIDIA GH200 480GB", "bf16") == gpus.peak_flops("h100", "bf16")
+    assert 90 < gpus.lookup("NVIDIA GH200 480GB").memory_gib < 96  # not the H200's 141 GB
+    assert gpus.peak_flops("NVIDIA A40", "bf16") == pytest.approx(149.7e12)
+    assert gpus.peak_flops("NVIDIA L40", "bf16") == pytest.approx(181e12)
+    assert not gpus.supports_bf16("Tesla T4") and gpus.peak_flops("Tesla T4", "fp16") == 65e12
+
+
+def test_an_unknown_gpu_trains_and_says_its_mfu_is_unknown(monkeypatch):
+    """train_llama crashed with KeyError on a GPU missing from the table (A40, L40, T4 did)."""
+    d = dist.Dist(rank=0, world_size=1, device=torch.device("cuda", 0), backend="nccl")
+    monkeypatch.setattr(dist, "device_name", lambda device: "NVIDIA RTX PRO 6000")
+    monkeypatch.setattr(dist, "supports_bf16", lambda device: True)
+    cfg = T.LlamaConfig()
+    out = T.throughput(d, cfg, T._model_args(cfg), [0.3, 0.1, 0.1])
+    assert out["mfu"] is None and out["tokens_per_s"] == pytest.approx(8 * 32 / 0.1)
+    assert out["peak_source"].startswith("unknown peak for NVIDIA RTX PRO 6000 (bf16)")
+    monkeypatch.setattr(dist, "device_name", lambda device: "NVIDIA A40")
+    assert T.peak_flops(d, cfg) == (
+        pytest.approx(149.7e12),
+        "A40-48GB dense bf16 (helpers/gpus.py)",
+    )
 
 
 def test_train_llama_divides_by_the_peak_of_its_gpu_and_dtype(monkeypatch):
