@@ -7,7 +7,7 @@ With ``tamper=fn`` it changes each outgoing message on its way (the neighbour re
 ``fn(tensor)``), so the grader can check that the result moves exactly as the maths says:
 a ring whose result ignores its messages fails. While it runs, the workbook's own
 context-parallel code (helpers.parallel.online_softmax, context_layout, ring_attention,
-allgather_attention) is switched off, and torch's fused attention kernels are refused: the
+fused_ring_attention, allgather_attention) is switched off, and torch's fused attention kernels are refused: the
 lab asks for both by hand (and lab 7's grading.toml refuses importing them).
 
 On the grader's side (plain functions of the logs, so another recorder can feed them):
@@ -48,7 +48,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from helpers import standin
 from helpers.course.events import EventLog
 from helpers.course.traffic import Tamper, Traffic, record_traffic
-from helpers.parallel import allgather_attention, context_layout, online_softmax, ring_attention
+from helpers.parallel import (
+    allgather_attention,
+    context_layout,
+    fused_ring_attention,
+    online_softmax,
+    ring_attention,
+)
 from helpers.parallel.online_softmax import attention, causal_mask
 
 __all__ = [
@@ -64,7 +70,13 @@ __all__ = [
     "watch_ring",
 ]
 
-_ANSWER_MODULES = (online_softmax, context_layout, ring_attention, allgather_attention)
+_ANSWER_MODULES = (
+    online_softmax,
+    context_layout,
+    ring_attention,
+    fused_ring_attention,
+    allgather_attention,
+)
 _FUSED_ATTENTION = "_scaled_dot_product"  # aten kernels behind F.scaled_dot_product_attention
 
 

@@ -41,12 +41,14 @@ only (second half of the queries x all keys). torch's ring makes the same two ca
 
     fused_ring_attention(q, k, v, positions, causal=False, group=None)   this rank's output
         (differentiable: forward and backward are rings)
+    torch_ring_attention(q, k, v, causal, rotate, group=None)   torch's own ring for the same
+        kernel, to compare ring with ring (see its docstring)
 """
 
 from __future__ import annotations
 
+import inspect
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as tdist
@@ -55,18 +57,24 @@ from helpers import devices
 from helpers.parallel.online_softmax import merge
 from helpers.parallel.ring_attention import exchange, ring_peers
 
-__all__ = ["BlockKernel", "FusedRingAttention", "block_kernel", "fused_ring_attention", "segments"]
+__all__ = [
+    "BlockKernel",
+    "FusedRingAttention",
+    "block_kernel",
+    "fused_ring_attention",
+    "segments",
+    "torch_ring_attention",
+]
 
 aten = torch.ops.aten
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
-@dataclass(frozen=True)
 class BlockKernel:
     """One fused attention kernel with its backward: ``forward`` -> (out, lse [..., Lq])."""
 
-    name: str
-    scale: float
+    def __init__(self, name: str, scale: float):
+        self.name, self.scale = name, scale
 
     def forward(self, q, k, v, causal: bool):
         if self.name == "cpu_flash":
@@ -212,3 +220,33 @@ def fused_ring_attention(q, k, v, positions, causal=False, group=None) -> torch.
         raise ValueError(f"{len(positions)} shares of positions for "
                          f"{tdist.get_world_size(group)} ranks")  # fmt: skip
     return FusedRingAttention.apply(q, k, v, positions, causal, group)
+
+
+def torch_ring_attention(q, k, v, causal: bool, rotate: str, group=None) -> torch.Tensor:
+    """torch's ring (forward): the function ``context_parallel`` runs for its CUDA kernels,
+    ``_templated_ring_attention``, given this device's kernel (``block_kernel``).
+
+    rotate: "alltoall" (torch's ring: K/V passed on at each step) or "allgather" (its default:
+    every block gathered at once). Causal runs use torch's load balancing, whose layout is
+    context_layout.balanced_positions when N divides the sequence into 2N equal chunks.
+    On a GPU use ``context_parallel`` itself; this is for CPU ranks, where context_parallel
+    has no version of the CPU kernel (notebook 09, section 9). Private API: torch 2.6 passes
+    a mesh where 2.14 passes a process group.
+    """
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor.experimental import _attention as cp
+
+    cp.set_rotate_method(rotate)
+    cp._cp_options.enable_load_balance = causal
+    group = group or tdist.group.WORLD
+    where = group
+    if "mesh" in inspect.signature(cp._templated_ring_attention).parameters:
+        ranks = tdist.get_process_group_ranks(group)
+        where = DeviceMesh.from_group(group, q.device.type, mesh=ranks)
+    kernel = block_kernel(q.device, q.dtype, q.shape[-1])
+    ops = {"cpu_flash": aten._scaled_dot_product_flash_attention_for_cpu,
+           "flash": aten._scaled_dot_product_flash_attention,
+           "efficient": aten._scaled_dot_product_efficient_attention}  # fmt: skip
+    extra = {"compute_log_sumexp": True, "attn_bias": None} if kernel.name == "efficient" else {}
+    return cp._templated_ring_attention(where, 2, ops[kernel.name], q, k, v, is_causal=causal,
+                                        **extra)[0]  # fmt: skip

@@ -246,3 +246,38 @@ def ring_attention(d, q, k, v, positions, causal=False):
     buffers = [t.contiguous() for t in (q, k, v)]
     with context_parallel(mesh, buffers=buffers, buffer_seq_dims=[2, 2, 2]):
         return F.scaled_dot_product_attention(*buffers, is_causal=causal)
+
+# === wrong: deciding_lse_left_on_the_host
+# %% cell: ring_attention
+%%program lab7_ring
+import torch
+import torch.distributed as tdist
+
+if __name__ != "__main__":
+    from lab7_blocks import block_attention, causal_mask, merge
+
+
+def ring_attention(d, q, k, v, positions, causal=False):
+    # Right on CPU ranks: the running log-sum-exp is made without device=, so it lives on the
+    # host. On CPU nobody notices; on a GPU the first merge meets a CUDA tensor and a CPU one and
+    # stops ("Expected all tensors to be on the same device"). The tests' stand-in GPU says so.
+    n, r = d.world_size, d.rank
+    right, left = (r + 1) % n, (r - 1) % n
+    out = torch.zeros_like(q)
+    lse = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype)
+    kv = torch.stack([k, v])
+    for step in range(n):
+        src = (r - step) % n
+        if step < n - 1:
+            nxt = torch.empty((*kv.shape[:-2], len(positions[(src - 1) % n]), kv.shape[-1]),
+                              dtype=kv.dtype, device=kv.device)
+            ops = [tdist.P2POp(tdist.isend, kv, right), tdist.P2POp(tdist.irecv, nxt, left)]
+            reqs = tdist.batch_isend_irecv(ops)
+        mask = causal_mask(positions[r], positions[src]).to(q.device) if causal else None
+        if mask is None or mask.any():
+            out, lse = merge(out, lse, *block_attention(q, kv[0], kv[1], mask))
+        if step < n - 1:
+            for req in reqs:
+                req.wait()
+            kv = nxt
+    return out
