@@ -26,6 +26,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from helpers import devices
+
 __all__ = [
     "ModelArgs",
     "CONFIGS",
@@ -240,21 +242,35 @@ class Transformer(nn.Module):
         Works on a model built on the meta device and materialised with ``to_empty`` after
         tensor parallelism and FSDP sharded it (torchtitan's order): each parameter is drawn
         whole, one at a time, and each rank keeps only its own shard of it, so no rank ever
-        holds the whole model. On a CUDA device the draws come from the GPU's generator
-        (the same on every rank, not the CPU's numbers); elsewhere from the CPU's.
+        holds the whole model. On a GPU the draws come from the GPU's generator (the same
+        on every rank, not the CPU's numbers), and each whole parameter is drawn there;
+        elsewhere from the CPU's, on the host.
         """
         device = next(self.parameters()).device
-        on_gpu = device.type == "cuda"
-        g = torch.Generator(device=device if on_gpu else "cpu").manual_seed(seed)
+        g = _generator(device, seed)
         for name, p in sorted(self.named_parameters()):
             if name.endswith("norm.weight"):
-                full = torch.ones(p.shape, device=device if on_gpu else "cpu")
+                full = torch.ones(p.shape, device=g.device)
             else:
                 full = torch.randn(p.shape, generator=g, device=g.device) * 0.02
             _assign(p, full)
         tables = rotary_tables(self.args.head_dim, self.args.max_seq_len, self.args.rope_theta)
         self.rope = tables.to(device)  # a buffer beside the weights: on their device
         return self
+
+
+def _generator(device: torch.device, seed: int) -> torch.Generator:
+    """A generator on ``device`` if it is a GPU, else the CPU's, seeded with ``seed``.
+
+    The dry run's stand-in GPU has no generator of its own (torch asks its backend for
+    one, and it has none): there the draws are made on the host, as on the CPU.
+    """
+    if devices.is_gpu(device):
+        try:
+            return torch.Generator(device=device).manual_seed(seed)
+        except NotImplementedError:  # the stand-in: "implement getNewGenerator"
+            pass
+    return torch.Generator(device="cpu").manual_seed(seed)
 
 
 def _assign(p: torch.Tensor, full: torch.Tensor) -> None:

@@ -30,6 +30,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.nn.utils import parameters_to_vector
 
+from helpers.devices import is_gpu
 from helpers.dist import Dist, is_initialized
 
 __all__ = [
@@ -85,10 +86,12 @@ def wrap(model: nn.Module, d: Dist, bucket_cap_mb: float | None = None, **kwargs
 
     bucket_cap_mb: None keeps torch's default (25 MiB, with a smaller first bucket).
     DDP broadcasts rank 0's parameters and buffers at construction, so replicas
-    start identical even if their initialisations differed.
+    start identical even if their initialisations differed. On a GPU (and the dry run's
+    stand-in, where DDP takes the same path) ``device_ids`` names this rank's one device,
+    as DDP asks of a single-device module; the CPU has no device index to give.
     """
     model = model.to(d.device)
-    device_ids = [d.device.index] if d.device.type == "cuda" else None
+    device_ids = [d.device.index] if is_gpu(d.device) else None
     if bucket_cap_mb is not None:
         kwargs["bucket_cap_mb"] = bucket_cap_mb
     return DDP(model, device_ids=device_ids, **kwargs)
