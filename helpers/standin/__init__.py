@@ -14,6 +14,11 @@ Two modes, chosen by ``$WORKBOOK_DEVICE_CHECK`` and set up by ``helpers.dist.ini
             ``helpers.course.dryrun`` runs the program under fake tensors on the ``gpu``
             device, so a 7B model is built, sharded and stepped without memory.
 
+In both, torch chooses for the stand-in what it chooses for CUDA where CUDA's choice differs
+from the CPU's (``helpers.standin.cuda_rules``): the optimizers' foreach implementation,
+pinned loader batches, and CUDA's refusals (operands of a matrix product in two dtypes, cuBLAS
+under deterministic algorithms without ``$CUBLAS_WORKSPACE_CONFIG``).
+
 A DeepSpeed program gets the stand-in GPU too: ``helpers.dist.init()`` gives DeepSpeed an
 accelerator whose device is ``gpu`` (``helpers.standin.ds_accelerator``).
 
@@ -31,6 +36,7 @@ import os
 import torch.distributed as tdist
 
 from helpers.standin.autocast import register_autocast
+from helpers.standin.cuda_rules import take_cuda_paths
 from helpers.standin.ds_accelerator import install_if_imported as use_for_deepspeed
 from helpers.standin.groups import POINT_TO_POINT, dryrun_backend_class, standin_backend_class
 from helpers.standin.module import GpuModule
@@ -61,6 +67,7 @@ def install(gpu: str | None = None) -> None:
     gpu = gpu or os.environ.get(GPU_ENV, "h100")
     _setup_privateuseone_for_python_backend(DEVICE_TYPE, backend_module=GpuModule(gpu))
     register_autocast()
+    take_cuda_paths(DeviceTensor)  # optimizers' foreach, pinning: as on CUDA
     if mode() != "fake":  # fake tensors carry no data: the kernels that run on it are not needed
         register_kernels()
     standin, dryrun = standin_backend_class(), dryrun_backend_class()

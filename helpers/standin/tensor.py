@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
+from helpers.standin.cuda_rules import check_as_cuda
 from helpers.standin.functional import FUNCTIONAL, functional
 
 __all__ = ["DEVICE_TYPE", "DeviceTensor", "device", "run", "is_device_tensor", "register_kernels"]
@@ -73,6 +74,15 @@ class DeviceTensor(torch.Tensor):
     def untyped_storage(self):  # FSDP2 frees and re-allocates parameter storage by resizing it
         return self.raw.untyped_storage()
 
+    @property
+    def data(self):
+        return torch.Tensor.data.__get__(self)
+
+    @data.setter
+    def data(self, value):  # p.data = p.data.to(torch.bfloat16) (DeepSpeed's cast): raw follows
+        torch.Tensor.data.__set__(self, value)
+        self.raw = value.raw if is_device_tensor(value) else value
+
 
 def _unwrap(x):
     if is_device_tensor(x):
@@ -118,6 +128,7 @@ def run(func, args, kwargs):
         target.copy_(src)
         return dst
     _check_same_device(name, flat)
+    check_as_cuda(func, flat)
     target = kwargs.get("device")
     on_device = (
         (torch.device(target).type == DEVICE_TYPE)

@@ -8,6 +8,7 @@ and on 2 CPU ranks on the stand-in GPU.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -195,3 +196,126 @@ def test_a_program_that_makes_its_own_process_group_is_refused_naming_the_line(r
     assert not row.ok
     for text in (row.reached, row.strict):
         assert "not through helpers.dist.init()" in text and "program.py:2" in text, text
+
+
+# --------------------------------------------------------------------------- as CUDA runs it
+
+MIXED_PARAMETERS = """
+import torch
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from helpers import dist
+
+with dist.session() as d:
+    mesh = init_device_mesh(d.device.type, (d.world_size,))
+    model = nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 8), nn.Linear(8, 4)).to(d.device)
+    parallelize_module(model, mesh, {"0": ColwiseParallel(), "1": RowwiseParallel()})
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)  # DTensors and a plain Linear
+    for _ in range(2):
+        model(torch.randn(2, 8, device=d.device)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+"""
+
+
+def test_a_foreach_optimizer_over_mixed_dtensor_and_plain_parameters_fails_naming_the_line(
+    runs, tmp_path
+):
+    """06's TP decoder crashed on the H100 at its first AdamW step: CUDA's optimizers default
+    to foreach, which refuses a list mixing DTensors and plain tensors; CPU ranks took the
+    per-tensor loop, and the dry run passed it."""
+    program = tmp_path / "mixed.py"
+    program.write_text(MIXED_PARAMETERS)
+    Job("tp-mixed", program, nodes=1, gpus_per_node=2, profile="engaging",
+        values={"env": "x"}).write()  # fmt: skip
+    (row,) = _rows(runs, all_gpus=False, timeout=120)
+    assert not row.ok
+    for text in (row.reached, row.strict):
+        assert "_foreach_mul_.Scalar got mixed torch.Tensor and DTensor" in text, text
+        assert "program.py:15: opt.step()" in text, text
+
+
+GPU_SIZED = """
+import torch
+from helpers import devices, dist
+
+with dist.session() as d:
+    seq = 1 << 18 if devices.gpu_sized(d.device) else 256  # a GPU's sequence, a laptop's
+    q = torch.randn(seq, 64, device=d.device)
+    scores = q @ q.T  # seq x seq fp32: 256 GiB at the GPU's size
+    print(scores.shape)
+"""
+
+
+def test_gpu_sizes_that_do_not_fit_fail_naming_the_line(runs, tmp_path):
+    """lab 7's bench chose 32,768 tokens on a GPU and 1,024 elsewhere; the dry run took the
+    laptop's and said it fit. The full-size run takes the GPU's sizes (helpers.devices.gpu_sized)
+    and names the line where the rank's GPU memory ran out; the strict run takes the laptop's."""
+    program = tmp_path / "gpu_sized.py"
+    program.write_text(GPU_SIZED)
+    Job("gpu-sized", program, nodes=1, gpus_per_node=1, profile="jean-zay",
+        values={"project": "abc"}).write()  # fmt: skip
+    rows = _rows(runs, timeout=120)
+    assert {r.gpu for r in rows} >= {"H100-SXM5-80GB"}, rows
+    for row in rows:
+        assert not row.ok and row.strict == "ok", row
+        assert float(row.gpu_mem.split()[0]) >= 256, row
+        assert "DOES NOT FIT: out of memory at program.py:8: scores = q @ q.T" in row.gpu_mem
+
+
+def test_the_full_size_run_ignores_workbook_small_from_its_parent(monkeypatch):
+    """A checking process with $WORKBOOK_SMALL set (a SMOKE run) handed it to its fake ranks."""
+    from helpers.course.dryrun import child
+
+    env = dict(os.environ, WORKBOOK_SMALL="1")
+    monkeypatch.setattr(os, "environ", env)
+    spec = {"mode": "fake", "rank": 0, "world": 8, "result": "/tmp/r.json"}
+    child._environment(spec)
+    assert "WORKBOOK_SMALL" not in env and env["WORKBOOK_DEVICE_CHECK"] == "fake"
+    child._environment(dict(spec, mode="strict", small=True))
+    assert env["WORKBOOK_SMALL"] == "1"
+
+
+# 04's DeepSpeed program as it was (commit 9db29a8), cut to its first forward: with the GPU
+# config (bf16) DeepSpeed casts the model to bf16, and the inputs only for fp16.
+OLD_DS_ZERO = """
+import argparse
+import json
+import os
+
+import deepspeed
+import torch
+import torch.nn.functional as F
+from torch import nn
+from helpers import dist
+
+ap = deepspeed.add_config_arguments(argparse.ArgumentParser())
+args = ap.parse_args()
+d = dist.init()
+deepspeed.init_distributed(dist_backend=d.backend)
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(64, 384), nn.ReLU(), nn.Linear(384, 10))
+engine, *_ = deepspeed.initialize(model=model.to(d.device), config=json.load(open(args.deepspeed_config)))
+xs, ys = torch.randn(8, 64).to(d.device), torch.randint(0, 10, (8,)).to(d.device)
+loss = F.cross_entropy(engine(xs), ys)
+engine.backward(loss)
+engine.step()
+"""
+
+
+def test_04s_deepspeed_gpu_job_as_it_was_fails_on_fp32_inputs_and_bf16_weights(runs, tmp_path):
+    """On the GPU: 'mat1 and mat2 must have the same dtype' at the first forward. Fake mode's
+    shape functions do not look at dtypes, and on the stand-in DeepSpeed's cast
+    (``p.data = p.data.to(bf16)``) never reached the data: both passed it."""
+    program = tmp_path / "ds_zero.py"
+    program.write_text(OLD_DS_ZERO)
+    config = tmp_path / "ds_config_gpu.json"
+    config.write_text(json.dumps(zero.deepspeed_config(3, 8, None, 1e-4, gpu=True)))
+    Job("ds-zero-old", program, nodes=1, gpus_per_node=2, profile="engaging", launcher="deepspeed",
+        values={"env": "x"}, files=[config], args=("--deepspeed_config", config.name)).write()  # fmt: skip
+    (row,) = _rows(runs, all_gpus=False, timeout=300)
+    assert not row.ok
+    for text in (row.reached, row.strict):
+        assert "mat1 and mat2 must have the same dtype, but got Float and BFloat16" in text, text
+        assert "program.py:20: loss = F.cross_entropy(engine(xs), ys)" in text, text

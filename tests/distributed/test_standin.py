@@ -104,3 +104,78 @@ def test_fsdp_and_tp_train_on_the_stand_in_gpu_with_the_losses_of_plain_gloo():
     plain = launch.spawn(T.train, world_size=2, args=(cfg,))[0]
     assert strict[0]["metrics"]["losses"] == pytest.approx(plain["losses"], abs=1e-5)
     assert strict[0]["metrics"]["device"] == "stand-in h100"
+
+
+# --------------------------------------------------------------------------- CUDA's choices
+
+CUDA_CHOICES = """
+import torch
+from torch import nn
+from torch.optim import adam
+from torch.utils.data import DataLoader, TensorDataset
+from helpers import dist, runs
+
+taken = []
+for kind in ("_single_tensor_adam", "_multi_tensor_adam", "_fused_adam"):
+    def spy(*args, _kind=kind, _run=getattr(adam, kind), **kwargs):
+        taken.append(_kind.split("_")[1])
+        return _run(*args, **kwargs)
+    setattr(adam, kind, spy)
+
+with dist.session() as d:
+    for options in ({}, {"foreach": False}, {"fused": True}):
+        model = nn.Linear(4, 2).to(d.device)
+        opt = torch.optim.AdamW(model.parameters(), lr=0.1, **options)
+        model(torch.randn(3, 4, device=d.device)).sum().backward()
+        opt.step()
+    batches = DataLoader(TensorDataset(torch.randn(6, 4)), batch_size=3, pin_memory=True)
+    moved = [x.to(d.device, non_blocking=True).sum().item() for (x,) in batches]
+    try:
+        torch.ones(2, device=d.device).pin_memory()
+        refused = ""
+    except RuntimeError as e:
+        refused = str(e)
+    runs.write_metrics({"taken": taken, "pinned_batches": len(moved), "refused": refused,
+                        "autocast": str(torch.get_autocast_dtype(d.device.type))})
+"""
+
+
+def test_the_stand_in_takes_cudas_optimizer_and_loader_paths(tmp_path):
+    """On CUDA, AdamW's default is its foreach implementation (the CPU's is the per-tensor
+    loop); foreach=False and fused=True are obeyed; a loader pins host batches, and a device
+    tensor cannot be pinned; autocast defaults to float16."""
+    (result,) = run_ranks(
+        _program(tmp_path, CUDA_CHOICES), [], "strict", 1, timeout=120, max_steps=10
+    )
+    assert result["ok"], result.get("error")
+    metrics = result["metrics"]
+    assert metrics["taken"] == ["multi", "single", "fused"]  # default, foreach=False, fused=True
+    assert metrics["pinned_batches"] == 2
+    assert "only dense CPU tensors can be pinned" in metrics["refused"]
+    assert metrics["autocast"] == "torch.float16"
+
+
+DETERMINISTIC = """
+import os
+import sys
+import torch
+from helpers import dist
+
+if sys.argv[1:] == ["set"]:
+    os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+torch.use_deterministic_algorithms(True)
+with dist.session() as d:
+    layer = torch.nn.Linear(4, 2).to(d.device)
+    out = layer(torch.randn(3, 4, device=d.device))
+"""
+
+
+def test_deterministic_algorithms_need_cublas_workspace_config_as_on_cuda(tmp_path):
+    """torch 2.6's CUDA refuses a Linear under use_deterministic_algorithms(True) unless
+    CUBLAS_WORKSPACE_CONFIG is :4096:8 or :16:8 (the CPU never asks)."""
+    program = _program(tmp_path, DETERMINISTIC)
+    (unset,) = run_ranks(program, [], "strict", 1, timeout=120)
+    assert not unset["ok"] and "CUBLAS_WORKSPACE_CONFIG=:4096:8" in unset["error"]
+    assert unset["program_line"] == "program.py:12: out = layer(torch.randn(3, 4, device=d.device))"
+    (given,) = run_ranks(program, ["set"], "strict", 1, timeout=120)
+    assert given["ok"], given.get("error")

@@ -89,7 +89,9 @@ def _mem_gib(text: str) -> float | None:
 
 def _failure(results: list[dict]) -> str:
     """'rank 0 at program.py:12: ... (in helpers/x.py:34: ...): Error: message'."""
-    bad = next(r for r in results if not r.get("ok"))
+    failed = [r for r in results if not r.get("ok")]
+    # the rank that raised, not a peer killed after it (that one has no line to name)
+    bad = next((r for r in failed if r.get("program_line") or r.get("workbook_line")), failed[0])
     lines = [x for x in (bad.get("program_line"), bad.get("workbook_line")) if x]
     where = f" at {lines[0]}" if lines else ""
     where += f" (in {lines[1]})" if len(lines) > 1 else ""
@@ -128,13 +130,15 @@ class _Runs:
     def _argv(self, job: Job) -> list[str]:
         return _isolated(job, Path(tempfile.mkdtemp(prefix="dryrun-args-")))
 
-    def fake(self, job: Job, gpu: str) -> list[dict]:
+    def fake(self, job: Job, gpu: str, marks: tuple[int, ...] = ()) -> list[dict]:
         limit = _host_limit(job)
-        key = ("fake", job.digest(), tuple(job.spec["args"]), job.world, lookup(gpu).bf16, limit)
+        key = ("fake", job.digest(), tuple(job.spec["args"]), job.world, lookup(gpu).bf16, limit,
+               marks)  # fmt: skip
         if key not in self.cache:
             self.cache[key] = run_fake(job.program, self._argv(job), job.world, gpu=gpu,
                                        gpus_per_node=job.spec["gpus_per_node"],
-                                       timeout=self.timeout, host_limit=limit)  # fmt: skip
+                                       timeout=self.timeout, host_limit=limit,
+                                       gpu_marks=marks)  # fmt: skip
         return self.cache[key]
 
     def strict(self, job: Job) -> list[dict]:
@@ -176,13 +180,29 @@ def _host_need(job: Job, results: list[dict]) -> tuple[float, float | None, str]
     return per_rank * job.spec["gpus_per_node"], have, source
 
 
+def _usable(gpu: str) -> int:
+    """The bytes a rank's tensors may take on this GPU (its memory less the reserve)."""
+    return int((lookup(gpu).memory_gib - RESERVE_GIB) * GIB)
+
+
+def _where_full(fake: list[dict], gpu: str) -> str:
+    """' at program.py:12: line' where a rank's GPU bytes first passed this GPU's memory."""
+    for r in fake:
+        place = r.get("gpu_passed", {}).get(str(_usable(gpu)), {})
+        lines = [x for x in (place.get("program_line"), place.get("workbook_line")) if x]
+        if lines:
+            return f" at {lines[0]}" + (f" (in {lines[1]})" if len(lines) > 1 else "")
+    return ""
+
+
 def _rows_for(job: Job, runs: _Runs, gpus: list[str]) -> list[Row]:
     name = job.spec["name"]
     strict = runs.strict(job)
     strict_text = "ok" if all(r.get("ok") for r in strict) else "FAILS " + _failure(strict)
     rows = []
+    marks = tuple(sorted({_usable(g) for g in gpus}))  # one fake run notes where each fills up
     for gpu in gpus:
-        fake = runs.fake(job, gpu)
+        fake = runs.fake(job, gpu, marks)
         fake_ok = all(r.get("ok") for r in fake)
         reached = _least(fake) + ("" if fake_ok else " (FAILS " + _failure(fake) + ")")
         reached += "".join(f" ({r['note']})" for r in fake if r.get("note"))
@@ -194,7 +214,7 @@ def _rows_for(job: Job, runs: _Runs, gpus: list[str]) -> list[Row]:
         host = f"{need:.1f} of {have:.0f} GiB ({source})" if have else f"{need:.1f} GiB ({source})"
         ok = fake_ok and fits and host_ok and strict_text == "ok"
         gpu_mem = f"{peak:.1f} + {RESERVE_GIB:.0f} of {cap:.0f} GiB" + (
-            "" if fits else " DOES NOT FIT"
+            "" if fits else " DOES NOT FIT: out of memory" + _where_full(fake, gpu)
         )
         rows.append(Row(name, job.spec["profile"], lookup(gpu).name, job.world, reached, gpu_mem,
                         host + ("" if host_ok else " TOO MUCH"), strict_text, ok))  # fmt: skip

@@ -20,16 +20,22 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["main", "locate"]
+from helpers.config import SMALL_ENV
+
+__all__ = ["main", "locate", "locate_frames"]
 
 
 def locate(exc: BaseException, program: Path) -> dict:
     """Where an exception came from: the program's own line, and the deepest workbook line."""
-    frames = traceback.extract_tb(exc.__traceback__)
+    return locate_frames(traceback.extract_tb(exc.__traceback__), program)
+
+
+def locate_frames(frames: list, program: Path) -> dict:
+    """The program's own line among ``frames``, and the deepest workbook line."""
     top = Path(__file__).resolve().parents[3]  # the checkout holding helpers/
     prog = [f for f in frames if Path(f.filename).resolve() == program.resolve()]
     ours = [f for f in frames if Path(f.filename).resolve().is_relative_to(top / "helpers")
-            and "/dryrun/" not in f.filename]  # fmt: skip
+            and "/dryrun/" not in f.filename and "/standin/" not in f.filename]  # fmt: skip
     where = {}
     if prog:
         where["program_line"] = f"{program.name}:{prog[-1].lineno}: {prog[-1].line}"
@@ -99,7 +105,9 @@ def _environment(spec: dict) -> None:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(spec.get("port", 29500)))
     if spec.get("small"):
-        os.environ["WORKBOOK_SMALL"] = "1"
+        os.environ[SMALL_ENV] = "1"
+    else:  # full size: the sizes a GPU gets, even where the checking process asked for small
+        os.environ.pop(SMALL_ENV, None)
     for key in ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_JOB_ID"):
         os.environ.pop(key, None)  # the job's own ranks, not the Slurm job running the check
 
@@ -144,7 +152,8 @@ def main(spec_path: str) -> int:
     sys.path.insert(0, str(program.parent))
     result: dict = {"rank": spec["rank"], "mode": spec["mode"], "ok": True}
     limits = {"cpu": spec["host_limit"]} if spec.get("host_limit") else None
-    tracker = FakeRank(spec.get("max_steps", 2), limits) if spec["mode"] == "fake" else None
+    tracker = (FakeRank(spec.get("max_steps", 2), limits, spec.get("gpu_marks") or ())
+               if spec["mode"] == "fake" else None)  # fmt: skip
     progress = _Progress(spec.get("max_steps", 2)) if tracker is None else tracker
     if spec["mode"] != "gpu":
         _refuse_other_backends()
@@ -156,6 +165,8 @@ def main(spec_path: str) -> int:
         result["metrics"] = json.loads(metrics.read_text())
     if tracker is not None:
         result["peak_bytes"] = tracker.peaks()
+        result["gpu_passed"] = {str(mark): locate_frames(stack, program)
+                                for mark, stack in tracker.crossings().items()}  # fmt: skip
     elif spec["mode"] == "gpu" and torch.cuda.is_available():
         result["peak_bytes"] = {"gpu": torch.cuda.max_memory_allocated()}
     Path(spec["result"]).write_text(json.dumps(result, indent=1))

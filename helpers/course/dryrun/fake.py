@@ -9,7 +9,13 @@
 * reading a fake value back (``.item()``, ``bool(t)``) gives a stand-in (1 or 1.0);
 * every storage is counted while it lives, by device: the peak bytes of the GPU and of
   the host. Resizes count too (FSDP2 frees a layer's gathered weights by resizing
-  their storage to 0).
+  their storage to 0). A tensor counts from the first op that makes it or takes it, so
+  one made before the mode or without an op (``torch.from_numpy``) counts too; saved
+  activations count for as long as autograd holds them;
+* the first time the GPU's bytes pass each of ``gpu_marks`` (the memory of each GPU the
+  job may get), the stack is kept: where CUDA would have run out of memory;
+* what CUDA refuses and fake mode's shape functions let through (a bf16 weight meeting an
+  fp32 input) fails as on CUDA (``helpers.standin.cuda_rules``).
 
 Attention is costed as a GPU runs it: ``scaled_dot_product_attention`` on the stand-in GPU
 takes the flash kernel (bf16, fp16) or the memory-efficient one (fp32), as CUDA chooses,
@@ -24,6 +30,7 @@ the peak, including the optimizer's state.
 
 from __future__ import annotations
 
+import traceback
 import weakref
 
 import torch
@@ -40,6 +47,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
 from helpers.course.dryrun.patches import ORIGINAL_SWAP, patch_for_fake_run
+from helpers.standin.cuda_rules import check_as_cuda
 
 __all__ = ["FakeRank", "StopDryRun", "SMALL", "MILESTONES"]
 
@@ -80,15 +88,19 @@ class MemoryLimit(RuntimeError):
 class _Storages:
     """Live bytes by device type, with their peaks; past a limit, MemoryLimit."""
 
-    def __init__(self, limits: dict[str, tuple[int, str]] | None = None):
+    def __init__(self, limits: dict[str, tuple[int, str]] | None = None, marks=()):
         self.live = WeakIdKeyDictionary()  # storage -> [device type, bytes], updated on resize
         self.now: dict[str, int] = {}
         self.peak: dict[str, int] = {}
         self.limits = dict(limits or {})  # device -> (bytes, what the limit is)
+        self.marks = sorted(marks)  # GPU bytes whose first crossing is recorded, with its stack
+        self.crossed: dict[int, list] = {}  # mark -> the stack where the GPU's bytes passed it
 
     def _add(self, device: str, delta: int) -> None:
         self.now[device] = self.now.get(device, 0) + delta
         self.peak[device] = max(self.peak.get(device, 0), self.now[device])
+        while device == "gpu" and self.marks and self.now[device] > self.marks[0]:
+            self.crossed[self.marks.pop(0)] = traceback.extract_stack()  # where CUDA runs out
         limit = self.limits.get(device)
         if delta > 0 and limit and self.now[device] > limit[0]:
             del self.limits[device]  # once: the program's own except clauses may go on
@@ -122,10 +134,10 @@ class _Storages:
 class FakeRank(TorchDispatchMode):
     """Run a program as one rank of a large job: see the module docstring."""
 
-    def __init__(self, max_steps: int = 2, limits: dict | None = None):
+    def __init__(self, max_steps: int = 2, limits: dict | None = None, gpu_marks=()):
         super().__init__()
         self.fake = FakeTensorMode(allow_non_fake_inputs=True)
-        self.storages = _Storages(limits)
+        self.storages = _Storages(limits, gpu_marks)
         self.max_steps = max_steps
         self.reached = "started"
         self.steps = 0
@@ -151,6 +163,8 @@ class FakeRank(TorchDispatchMode):
         flat, _ = tree_flatten((args, kwargs))
         tensors = [a for a in flat if isinstance(a, torch.Tensor)]
         fake_in = any(_has_fake(t) for t in tensors)
+        for t in tensors:  # made before the mode, or without an op (numpy's): held all the same
+            self.storages.see(t)
         if func is torch.ops.aten._local_scalar_dense.default and fake_in:
             return _stand_in(args[0])
         device = kwargs.get("device")
@@ -161,6 +175,7 @@ class FakeRank(TorchDispatchMode):
             with unset_fake_temporarily(), torch._C._DisableTorchDispatch():
                 out = func(*args, **kwargs)
         elif fake_in or to_device:
+            check_as_cuda(func, tensors)  # what fake mode's shape functions do not check
             out = self._fake_or_stand_in(func, args, kwargs)
         else:
             out = self._real_if_small(func, args, kwargs)
@@ -257,3 +272,7 @@ class FakeRank(TorchDispatchMode):
     def peaks(self) -> dict:
         """Peak live bytes: {"gpu": ..., "cpu": ...}."""
         return dict(self.storages.peak)
+
+    def crossings(self) -> dict:
+        """{GPU bytes: the stack where this rank's GPU bytes first passed them}."""
+        return dict(self.storages.crossed)

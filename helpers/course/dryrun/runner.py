@@ -68,10 +68,13 @@ def run_ranks(
     timeout: float = 300.0,
     max_steps: int = 2,
     host_limit: tuple[int, str] | None = None,
+    gpu_marks: tuple[int, ...] = (),
 ) -> list[dict]:
     """Run ``ranks`` of a ``world``-rank job of ``program`` and return each rank's result.
 
     host_limit: (bytes, why) a fake rank may hold on the host before it stops, naming the line.
+    gpu_marks: GPU bytes (each GPU's usable memory) where a fake rank notes the line that
+    first passes them: where CUDA would run out of memory.
 
     mode "fake": each rank alone, at full size. mode "strict": every rank of the world at
     once (keep it small: 2), with ``small`` asking programs for their laptop sizes.
@@ -86,7 +89,7 @@ def run_ranks(
                     "cwd": str(program.parent), "rank": r, "world": world,
                     "local_rank": r % per_node, "local_world": min(per_node, world),
                     "gpu": gpu, "small": small, "port": port, "max_steps": max_steps,
-                    "host_limit": host_limit, "result": str(Path(tmp) / f"rank{r}.json")}  # fmt: skip
+                    "host_limit": host_limit, "gpu_marks": list(gpu_marks), "result": str(Path(tmp) / f"rank{r}.json")}  # fmt: skip
             path = Path(tmp) / f"spec{r}.json"
             path.write_text(json.dumps(spec))
             proc = _forkserver().Process(target=_rank_main, args=(str(path), f"{tmp}/rank{r}.log"))
