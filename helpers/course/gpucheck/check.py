@@ -128,7 +128,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--skip-measurements", action="store_true", help="run the jobs only")
     ap.add_argument("--plan", "--list", dest="plan", action="store_true",
                     help="print what would run (and what this node lacks), run nothing")  # fmt: skip
-    ap.add_argument("--gpus", type=int, default=0, help="plan for this many GPUs (--plan)")
+    ap.add_argument("--gpus", type=int, default=0,
+                    help="plan for this many GPUs (--plan), or stand in with this many CPU ranks")  # fmt: skip
     ap.add_argument("--standin", action="store_true",
                     help="test the check itself on 2 CPU ranks posing as GPUs (no GPU figures)")  # fmt: skip
     return ap
@@ -138,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     hw = hardware()
     if args.standin:
-        hw.update(gpu="stand-in h100 (2 CPU ranks: not GPU figures)", gpus=2)
+        n = args.gpus or 2
+        hw.update(gpu=f"stand-in h100 ({n} CPU ranks: not GPU figures)", gpus=n)
     gpus = args.gpus or hw["gpus"]
     limits = {"job": args.limit, "deepspeed": args.deepspeed_limit, "notebook": args.notebook_limit}
     items = plan(
@@ -169,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     # check only (the caller's environment is left as it was).
     from unittest import mock
 
-    from helpers.course.gpucheck.report import write
+    from helpers.course.gpucheck.report import rows, write
 
     path = args.out / ("standin-test.json" if args.standin else f"{_key(hw)}.json")
     with mock.patch.dict(os.environ, {"WORKBOOK_ALLOW_STANDIN_DATA": "1"}):
@@ -177,6 +179,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{n}/{len(items)}] {item.describe()}", flush=True)
             _run_item(item, report, args.out, "strict" if args.standin else "gpu")
             write(report, path)
+    found = [r["verdict"].removeprefix("needs ") for _, _, r in rows(report)]
+    found = [m for m in found if m.isidentifier()]  # a module a program could not import
+    if set(found) - set(report["missing"]):
+        report["missing"] = sorted(set(report["missing"]) | set(found))
+        report["carry"] = carry_lines(report["missing"], TOP)
+        _print_missing(report["carry"])
     return write(report, path, final=True)
 
 
