@@ -26,8 +26,10 @@ def device() -> torch.device:
 
 _SAME = "Expected all tensors to be on the same device, but found at least two devices, {} and {}!"
 # Ops that CUDA accepts with host tensors: copies between devices, and indices on the host.
-_CROSS_DEVICE = {"aten::copy_", "aten::_to_copy", "aten::_copy_from", "aten::index.Tensor",
-                 "aten::index_put_", "aten::_index_put_impl_", "aten::index_put"}  # fmt: skip
+_CROSS_DEVICE = {"aten::copy_", "aten::_to_copy", "aten::_copy_from"}
+# A device tensor indexed by host indices (x[torch.arange(n)]): CUDA takes it. Schema names
+# carry no overload ("aten::index", not "aten::index.Tensor").
+_INDEX = {"aten::index", "aten::index_put_", "aten::_index_put_impl_", "aten::index_put"}
 
 
 def is_device_tensor(x) -> bool:
@@ -94,6 +96,8 @@ def _unwrap(x):
 
 def _check_same_device(name: str, flat: list) -> None:
     if name in _CROSS_DEVICE or not any(is_device_tensor(a) for a in flat):
+        return
+    if name in _INDEX and flat and is_device_tensor(flat[0]):
         return
     host = [a for a in flat if isinstance(a, torch.Tensor) and a.device.type == "cpu"]
     if any(a.dim() > 0 for a in host):  # 0-d host tensors are scalars: CUDA takes them too

@@ -130,12 +130,13 @@ with dist.session() as d:
         opt.step()
     batches = DataLoader(TensorDataset(torch.randn(6, 4)), batch_size=3, pin_memory=True)
     moved = [x.to(d.device, non_blocking=True).sum().item() for (x,) in batches]
+    rows = torch.ones(4, 3, device=d.device)[torch.arange(2)]  # host indices: CUDA takes them
     try:
         torch.ones(2, device=d.device).pin_memory()
         refused = ""
     except RuntimeError as e:
         refused = str(e)
-    runs.write_metrics({"taken": taken, "pinned_batches": len(moved), "refused": refused,
+    runs.write_metrics({"taken": taken, "pinned_batches": len(moved), "rows": len(rows), "refused": refused,
                         "autocast": str(torch.get_autocast_dtype(d.device.type))})
 """
 
@@ -150,7 +151,7 @@ def test_the_stand_in_takes_cudas_optimizer_and_loader_paths(tmp_path):
     assert result["ok"], result.get("error")
     metrics = result["metrics"]
     assert metrics["taken"] == ["multi", "single", "fused"]  # default, foreach=False, fused=True
-    assert metrics["pinned_batches"] == 2
+    assert metrics["pinned_batches"] == 2 and metrics["rows"] == 2
     assert "only dense CPU tensors can be pinned" in metrics["refused"]
     assert metrics["autocast"] == "torch.float16"
 
