@@ -8,13 +8,26 @@ lacks outside this module.
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.distributed as tdist
 
-__all__ = ["FLOOR", "all_gather_single", "reduce_scatter_single", "allow_tf32", "tf32_allowed",
+__all__ = ["FLOOR", "REPLACES", "at_floor", "all_gather_single", "reduce_scatter_single", "allow_tf32", "tf32_allowed",
            "set_reduce_scatter_buffers"]  # fmt: skip
 
 FLOOR = "2.6"  # the oldest torch the workbook supports on clusters (README, "Minimum PyTorch")
+
+# What to use here instead of a name newer than the floor (the floor check's advice), by the
+# dotted name or the attribute name it flags.
+REPLACES = {
+    "torch.distributed.all_gather_single": "all_gather_single(out, x)",
+    "torch.distributed.reduce_scatter_single": "reduce_scatter_single(out, x)",
+    "torch.backends.cudnn.conv": "allow_tf32(enabled) or tf32_allowed()",
+    "torch.backends.cuda.matmul.fp32_precision": "allow_tf32(enabled) or tf32_allowed()",
+    "fp32_precision": "allow_tf32(enabled) or tf32_allowed()",
+    "set_reduce_scatter_max_input_buffers": "set_reduce_scatter_buffers(module, n)",
+}
 
 # torch 2.14 names; torch 2.6 to 2.13 call them all_gather_into_tensor and reduce_scatter_tensor
 # (which 2.14 still accepts, with a FutureWarning).
@@ -51,3 +64,24 @@ def set_reduce_scatter_buffers(module, n: int) -> bool:
         return False
     setter(n)
     return True
+
+
+def at_floor(version: str) -> bool:
+    """Is torch ``version`` ("2.6.0+cu124", "2.14.1") at or above the workbook's FLOOR?"""
+    have = tuple(int(p) for p in version.split("+")[0].split(".")[:2])
+    return have >= tuple(int(p) for p in FLOOR.split("."))
+
+
+def main() -> int:
+    """``python -m helpers.compat``: exit 1, saying so, when this torch is older than the floor
+    (the cluster profiles' job scripts run it after loading the site's PyTorch module)."""
+    if at_floor(torch.__version__):
+        print(f"torch {torch.__version__}: at or above the workbook's floor, torch {FLOOR}")
+        return 0
+    print(f"torch {torch.__version__} is older than the workbook's floor, torch {FLOOR}: load a newer "
+          "PyTorch module (README, 'Minimum PyTorch on clusters')", file=sys.stderr)  # fmt: skip
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -36,12 +36,11 @@ import torch.distributed as tdist
 from torch import nn
 from torch.func import functional_call
 
+from helpers import compat
+
 __all__ = ["SHARDED_TYPES", "GatherShards", "ShardedUnit", "shard_model", "full_state_dict"]
 
 SHARDED_TYPES = (nn.Linear, nn.Embedding)  # their weights are sharded; everything else replicated
-# torch 2.14 names; torch 2.6 to 2.13 call them all_gather_into_tensor and reduce_scatter_tensor
-_all_gather = getattr(tdist, "all_gather_single", None) or tdist.all_gather_into_tensor
-_reduce_scatter = getattr(tdist, "reduce_scatter_single", None) or tdist.reduce_scatter_tensor
 
 
 class GatherShards(torch.autograd.Function):
@@ -91,7 +90,7 @@ class ShardedUnit(nn.Module):
         if self.world == 1:  # one process: nothing to gather
             return piece.clone()
         full = torch.empty(self.chunk * self.world, dtype=self.dtype, device=piece.device)
-        _all_gather(full, piece, group=self.group)
+        compat.all_gather_single(full, piece, group=self.group)
         return full
 
     def reduce_scatter(self, full_grad: torch.Tensor) -> torch.Tensor:
@@ -99,7 +98,7 @@ class ShardedUnit(nn.Module):
         if self.world == 1:
             return full_grad
         grad = torch.empty_like(self.shard)
-        _reduce_scatter(grad, full_grad, group=self.group)  # the sum over the ranks
+        compat.reduce_scatter_single(grad, full_grad, group=self.group)  # the sum over the ranks
         return grad.div_(self.world)  # the mean over the ranks' micro-batches
 
     def _average(self, p: nn.Parameter) -> None:
@@ -180,7 +179,7 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
         full = unit.shard.detach().clone()
         if unit.world > 1:
             full = torch.empty(unit.chunk * unit.world, dtype=full.dtype, device=full.device)
-            _all_gather(full, unit.shard.detach(), group=unit.group)
+            compat.all_gather_single(full, unit.shard.detach(), group=unit.group)
         weights = {**unit.weights(full), **unit.replicated} if unit.names else unit.replicated
         out.update({f"{prefix}.{n}": t.detach().clone() for n, t in weights.items()})
     return out

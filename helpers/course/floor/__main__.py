@@ -1,0 +1,5 @@
+import sys
+
+from helpers.course.floor.check import main
+
+sys.exit(main())
