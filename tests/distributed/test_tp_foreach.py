@@ -7,12 +7,11 @@ tensors (what it left alone), so ``AdamW(model.parameters())`` over a partly par
 crashed on every GPU (the H100 run of issue 30, 06's tp-decoder jobs) and never on CPU ranks.
 ``helpers.parallel.tp.param_groups`` gives each kind its own group. These tests take the GPU's
 path on CPU ranks: ``foreach=True``, or torch's own default made to choose foreach as on CUDA.
+06's tp-decoder jobs themselves are checked by the dry run in the notebook's test
+(tests/notebooks/test_execute.py), whose stand-in GPU takes CUDA's foreach default.
 """
 
 from __future__ import annotations
-
-import json
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -22,19 +21,7 @@ from helpers.parallel import tp as TP
 from helpers.parallel import tp_inference as TI
 from helpers.parallel.memory import local_tensor
 
-NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 MIXED = "got mixed torch.Tensor and DTensor"
-# torch's optimizers pick foreach where _get_foreach_kernels_supported_devices() lists the
-# parameters' device: CUDA's default, here on the CPU. Then the program under test runs.
-AS_ON_A_GPU = """
-import os
-import runpy
-
-import torch.optim.optimizer as optimizer
-
-optimizer._get_foreach_kernels_supported_devices = lambda: ["cpu"]
-runpy.run_path(os.environ["PROGRAM_UNDER_TEST"], run_name="__main__")
-"""
 
 
 def _train(d, sequence_parallel: bool, grouped: bool, foreach: bool):
@@ -89,25 +76,3 @@ def test_param_groups_keeps_one_kind_per_group():
     plain = [torch.nn.Parameter(torch.ones(2)) for _ in range(3)]
     assert TP.param_groups(plain) == [{"params": plain}]
     assert TP.param_groups([]) == []
-
-
-def _written_by(notebook: str, target: str) -> str:
-    """The program a notebook's ``%%writefile target`` cell writes (as the notebook has it now)."""
-    for cell in json.loads((NOTEBOOKS / notebook).read_text())["cells"]:
-        source = "".join(cell["source"])
-        if source.startswith(f"%%writefile {target}\n"):
-            return source.split("\n", 1)[1]
-    raise LookupError(f"{notebook} has no %%writefile {target} cell")
-
-
-def test_06s_tp_decoder_job_steps_with_the_gpus_optimizer_default(tmp_path, monkeypatch):
-    """06's tp-decoder-1n/2n program, on 2 ranks whose AdamW takes foreach as on CUDA."""
-    monkeypatch.setenv("WORKBOOK_RUNS", str(tmp_path / "runs"))
-    program = tmp_path / "tp_train.py"
-    program.write_text(_written_by("06_tensor_parallel.ipynb", "{TP_PROGRAM}"))
-    wrapper = tmp_path / "as_on_a_gpu.py"
-    wrapper.write_text(AS_ON_A_GPU)
-    res = launch.run(wrapper, nproc=2, args=["--tp", "2", "--steps", "2"], timeout=180,
-                     env={"PROGRAM_UNDER_TEST": str(program)}, stream=False)  # fmt: skip
-    assert res.ok, res.traceback
-    assert res.metrics["tp"] == 2 and res.metrics["loss"] < 4.3
