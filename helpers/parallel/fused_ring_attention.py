@@ -13,7 +13,8 @@ that ``F.scaled_dot_product_attention`` itself would run, asking it for its log-
     GPU, fp32                aten._scaled_dot_product_efficient_attention         ..._efficient_attention_backward
                              (compute_log_sumexp=True; its lse is padded to 32 rows)
 
-(chosen by helpers.devices.is_gpu and the dtype: ``block_kernel``). The lse these kernels
+(chosen by helpers.devices.is_gpu and the dtype: ``block_kernel``; the dry run's stand-in GPU,
+which has no CUDA kernels, gets the CPU one). The lse these kernels
 return has no derivative in torch's autograd formulas, so the ring is a
 ``torch.autograd.Function`` whose backward is a ring too, as in torch's own ring
 (torch.distributed.tensor.experimental) and zhuzilin/ring-flash-attention: given the GLOBAL
@@ -47,6 +48,7 @@ only (second half of the queries x all keys). torch's ring makes the same two ca
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 
@@ -115,11 +117,27 @@ class BlockKernel:
 
 
 def block_kernel(device: torch.device, dtype: torch.dtype, head_dim: int) -> BlockKernel:
-    """The fused kernel for this device and dtype (see the module docstring)."""
+    """The fused kernel for this device and dtype (see the module docstring).
+
+    A device that is a GPU to helpers.devices but has no CUDA kernels (the stand-in GPU of the
+    dry run's strict check, whose tensors compute on the CPU) gets the CPU kernel.
+    """
     scale = head_dim**-0.5
     if not devices.is_gpu(device):
         return BlockKernel("cpu_flash", scale)
-    return BlockKernel("flash" if dtype in _LOW_PRECISION else "efficient", scale)
+    gpu = BlockKernel("flash" if dtype in _LOW_PRECISION else "efficient", scale)
+    return gpu if _has_kernel(gpu.name, device, dtype) else BlockKernel("cpu_flash", scale)
+
+
+@functools.cache
+def _has_kernel(name: str, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the device runs this kernel (one call on a tiny block, once per process)."""
+    q = torch.zeros((1, 1, 8, 8), dtype=dtype, device=device)
+    try:
+        BlockKernel(name, 1.0).forward(q, q, q, False)
+    except NotImplementedError:  # "Could not run ... with arguments from the 'CPU' backend"
+        return False
+    return True
 
 
 def segments(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, own: bool) -> list:

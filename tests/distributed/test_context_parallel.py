@@ -277,12 +277,41 @@ def test_fused_ring_segments_of_the_balanced_layout():
     assert FR.segments(pos[1], pos[2], False, own=False) == [(slice(None), 8, False)]
 
 
-def test_fused_ring_picks_its_kernel_by_device_and_dtype():
+def test_fused_ring_picks_its_kernel_by_device_and_dtype(monkeypatch):
     cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)  # a name: no GPU is needed
     assert FR.block_kernel(cpu, torch.bfloat16, 64).name == "cpu_flash"
+    monkeypatch.setattr(FR, "_has_kernel", lambda *_: True)  # as on a real GPU
     assert FR.block_kernel(gpu, torch.bfloat16, 64).name == "flash"
     assert FR.block_kernel(gpu, torch.float32, 64).name == "efficient"
     assert FR.block_kernel(gpu, torch.float16, 64).scale == 64**-0.5
+
+
+def _fused_on_device(d, q, k, v, up, causal):
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*barrier.*")
+    pos = L.balanced_positions(q.shape[-2], d.world_size)
+    mine = [L.shard(t, pos[d.rank]).to(d.device).requires_grad_() for t in (q, k, v)]
+    out = FR.fused_ring_attention(*mine, pos, causal)
+    (out * L.shard(up, pos[d.rank]).to(d.device)).sum().backward()
+    kernel = FR.block_kernel(d.device, q.dtype, q.shape[-1]).name
+    return str(d.device), kernel, out.detach().cpu(), [t.grad.cpu() for t in mine]
+
+
+def test_fused_ring_runs_on_the_stand_in_gpu_forward_and_backward():
+    """Strict stand-in: every tensor on the device; no CUDA kernels there, so the CPU one."""
+    from helpers.course.ring_attention_check import standin_gpu
+
+    q, k, v = _qkv(8, (1, 2, 12, 4))
+    up = _qkv(9, (1, 2, 12, 4))[0]
+    want = _serial(q, k, v, True, up)
+    pos = L.balanced_positions(12, 2)
+    with standin_gpu():
+        per_rank = launch.spawn(_fused_on_device, 2, (q, k, v, up, True))
+    for rank, (device, kernel, out, grads) in enumerate(per_rank):
+        assert (device, kernel) == ("gpu:0", "cpu_flash")
+        for got, full in zip([out, *grads], want, strict=True):
+            torch.testing.assert_close(got, L.shard(full, pos[rank]), **TOL)
 
 
 def _ring_peak(d, seq, causal):
