@@ -141,6 +141,8 @@ import math
 import torch
 import torch.distributed as tdist
 
+from helpers import compat
+
 
 def shard_range(numel: int, rank: int, world_size: int) -> tuple[int, int]:
     size = math.ceil(numel / world_size)
@@ -174,7 +176,7 @@ class ShardedOptimizer:
         mine = torch.zeros(self.shard_size, dtype=self.shard.dtype)
         mine[: self.end - self.start] = self.shard
         full = torch.empty(self.world_size * self.shard_size, dtype=mine.dtype)
-        tdist.all_gather_single(full, mine)
+        compat.all_gather_single(full, mine)
         offset = 0
         for p in self.params:
             p.copy_(full[offset : offset + p.numel()].view_as(p))
@@ -187,6 +189,8 @@ import math
 
 import torch
 import torch.distributed as tdist
+
+from helpers import compat
 
 
 def shard_range(numel: int, rank: int, world_size: int) -> tuple[int, int]:
@@ -225,7 +229,7 @@ class ShardedOptimizer:
         mine = torch.zeros(self.shard_size, dtype=self.shard.dtype)
         mine[: self.end - self.start] = self.shard
         full = torch.empty(self.world_size * self.shard_size, dtype=mine.dtype)
-        tdist.all_gather_single(full, mine)
+        compat.all_gather_single(full, mine)
         offset = 0
         for p in self.params:
             p.copy_(full[offset : offset + p.numel()].view_as(p))
@@ -238,6 +242,8 @@ import math
 
 import torch
 import torch.distributed as tdist
+
+from helpers import compat
 
 
 def shard_range(numel: int, rank: int, world_size: int) -> tuple[int, int]:
@@ -271,7 +277,7 @@ class ShardedOptimizer:
         mine = torch.zeros(self.shard_size, dtype=self.shard.dtype)
         mine[: self.end - self.start] = self.shard
         full = torch.empty(self.world_size * self.shard_size, dtype=mine.dtype)
-        tdist.all_gather_single(full, mine)
+        compat.all_gather_single(full, mine)
         offset = 0
         for p in self.params:
             p.copy_(full[offset : offset + p.numel()].view_as(p))
@@ -427,6 +433,8 @@ import math
 import torch
 import torch.distributed as tdist
 
+from helpers import compat
+
 
 def shard_range(numel: int, rank: int, world_size: int) -> tuple[int, int]:
     size = math.ceil(numel / world_size)
@@ -460,7 +468,7 @@ class ShardedOptimizer:
         mine = torch.zeros(self.shard_size, dtype=self.shard.dtype)
         mine[: self.end - self.start] = self.shard
         full = torch.empty(self.world_size * self.shard_size, dtype=mine.dtype)
-        tdist.all_gather_single(full, mine)  # the right piece, gathered and then ignored
+        compat.all_gather_single(full, mine)  # the right piece, gathered and then ignored
         offset = 0
         for p in self.params:
             p.grad.copy_(grads[offset : offset + p.numel()].view_as(p))
@@ -514,6 +522,8 @@ import math
 import torch
 import torch.distributed as tdist
 
+from helpers import compat
+
 
 def shard_range(numel: int, rank: int, world_size: int) -> tuple[int, int]:
     size = math.ceil(numel / world_size)
@@ -546,7 +556,7 @@ class ShardedOptimizer:
         mine = torch.zeros(self.shard_size, dtype=self.shard.dtype, device=self.shard.device)
         mine[: self.end - self.start] = self.shard
         full = torch.empty(self.world_size * self.shard_size, dtype=mine.dtype, device=mine.device)
-        tdist.all_gather_single(full, mine)
+        compat.all_gather_single(full, mine)
         offset = 0
         for p in self.params:
             p.copy_(full[offset : offset + p.numel()].view_as(p))
@@ -560,6 +570,8 @@ import torch
 import torch.distributed as tdist
 import torch.nn.functional as F
 from torch import nn
+
+from helpers import compat
 
 
 class ShardedLinear(nn.Module):
@@ -581,7 +593,7 @@ class ShardedLinear(nn.Module):
     def gather(self) -> tuple[torch.Tensor, torch.Tensor]:
         """One all-gather of every rank's shard: the full (weight [out, in], bias [out])."""
         full = torch.empty(self.size * self.world, dtype=self.shard.dtype, device=self.shard.device)
-        tdist.all_gather_single(full, self.shard.detach())
+        compat.all_gather_single(full, self.shard.detach())
         n_weight = self.out_features * self.in_features
         return full[:n_weight].view(self.out_features, self.in_features), full[n_weight : self.numel]
 
@@ -608,7 +620,7 @@ class GatheredLinear(torch.autograd.Function):
         full = torch.cat([(g2.T @ x2).reshape(-1), g2.sum(0)])  # [P], laid out like the weights
         full = F.pad(full, (0, layer.size * layer.world - layer.numel))  # [S N]
         grad_shard = torch.empty(layer.size, dtype=full.dtype, device=full.device)
-        tdist.reduce_scatter_single(grad_shard, full)  # the sum of my S elements over the ranks
+        compat.reduce_scatter_single(grad_shard, full)  # the sum of my S elements over the ranks
         return grad_x, grad_shard / layer.world, None
 
 # === wrong: zero3_all_reduce_then_slice
@@ -619,6 +631,8 @@ import torch
 import torch.distributed as tdist
 import torch.nn.functional as F
 from torch import nn
+
+from helpers import compat
 
 
 class ShardedLinear(nn.Module):
@@ -640,7 +654,7 @@ class ShardedLinear(nn.Module):
     def gather(self) -> tuple[torch.Tensor, torch.Tensor]:
         """One all-gather of every rank's shard: the full (weight [out, in], bias [out])."""
         full = torch.empty(self.size * self.world, dtype=self.shard.dtype, device=self.shard.device)
-        tdist.all_gather_single(full, self.shard.detach())
+        compat.all_gather_single(full, self.shard.detach())
         n_weight = self.out_features * self.in_features
         return full[:n_weight].view(self.out_features, self.in_features), full[n_weight : self.numel]
 
@@ -681,6 +695,8 @@ import torch.distributed as tdist
 import torch.nn.functional as F
 from torch import nn
 
+from helpers import compat
+
 
 class ShardedLinear(nn.Module):
     # Forgets that the reduce-scatter sums: the gradient is N times the mean.
@@ -700,7 +716,7 @@ class ShardedLinear(nn.Module):
     def gather(self) -> tuple[torch.Tensor, torch.Tensor]:
         """One all-gather of every rank's shard: the full (weight [out, in], bias [out])."""
         full = torch.empty(self.size * self.world, dtype=self.shard.dtype, device=self.shard.device)
-        tdist.all_gather_single(full, self.shard.detach())
+        compat.all_gather_single(full, self.shard.detach())
         n_weight = self.out_features * self.in_features
         return full[:n_weight].view(self.out_features, self.in_features), full[n_weight : self.numel]
 
@@ -728,7 +744,7 @@ class GatheredLinear(torch.autograd.Function):
         full = torch.cat([(g2.T @ x2).reshape(-1), g2.sum(0)])  # [P], laid out like the weights
         full = F.pad(full, (0, layer.size * layer.world - layer.numel))  # [S N]
         grad_shard = torch.empty(layer.size, dtype=full.dtype, device=full.device)
-        tdist.reduce_scatter_single(grad_shard, full)  # the sum of my S elements over the ranks
+        compat.reduce_scatter_single(grad_shard, full)  # the sum of my S elements over the ranks
         return grad_x, grad_shard, None
 
 # === wrong: zero3_decoy_private_copy
@@ -739,6 +755,8 @@ import torch
 import torch.distributed as tdist
 import torch.nn.functional as F
 from torch import nn
+
+from helpers import compat
 
 
 class ShardedLinear(nn.Module):
@@ -761,7 +779,7 @@ class ShardedLinear(nn.Module):
     def gather(self) -> tuple[torch.Tensor, torch.Tensor]:
         """One all-gather of every rank's shard: the full (weight [out, in], bias [out])."""
         full = torch.empty(self.size * self.world, dtype=self.shard.dtype, device=self.shard.device)
-        tdist.all_gather_single(full, self.shard.detach())
+        compat.all_gather_single(full, self.shard.detach())
         n_weight = self.out_features * self.in_features
         return full[:n_weight].view(self.out_features, self.in_features), full[n_weight : self.numel]
 
@@ -791,7 +809,7 @@ class GatheredLinear(torch.autograd.Function):
         full = torch.cat([(g2.T @ x2).reshape(-1), g2.sum(0)])  # [P], laid out like the weights
         full = F.pad(full, (0, layer.size * layer.world - layer.numel))  # [S N]
         grad_shard = torch.empty(layer.size, dtype=full.dtype, device=full.device)
-        tdist.reduce_scatter_single(grad_shard, full)  # the sum of my S elements over the ranks
+        compat.reduce_scatter_single(grad_shard, full)  # the sum of my S elements over the ranks
         return grad_x, grad_shard / layer.world, None
 
 # === wrong: zero3_no_padding
@@ -802,6 +820,8 @@ import torch
 import torch.distributed as tdist
 import torch.nn.functional as F
 from torch import nn
+
+from helpers import compat
 
 
 class ShardedLinear(nn.Module):
@@ -821,7 +841,7 @@ class ShardedLinear(nn.Module):
     def gather(self) -> tuple[torch.Tensor, torch.Tensor]:
         """One all-gather of every rank's shard: the full (weight [out, in], bias [out])."""
         full = torch.empty(self.size * self.world, dtype=self.shard.dtype, device=self.shard.device)
-        tdist.all_gather_single(full, self.shard.detach())
+        compat.all_gather_single(full, self.shard.detach())
         n_weight = self.out_features * self.in_features
         return full[:n_weight].view(self.out_features, self.in_features), full[n_weight : self.numel]
 
@@ -849,7 +869,7 @@ class GatheredLinear(torch.autograd.Function):
         full = torch.cat([(g2.T @ x2).reshape(-1), g2.sum(0)])  # [P], laid out like the weights
         full = F.pad(full, (0, layer.size * layer.world - layer.numel))  # [S N]
         grad_shard = torch.empty(layer.size, dtype=full.dtype, device=full.device)
-        tdist.reduce_scatter_single(grad_shard, full)  # the sum of my S elements over the ranks
+        compat.reduce_scatter_single(grad_shard, full)  # the sum of my S elements over the ranks
         return grad_x, grad_shard / layer.world, None
 
 # === wrong: imports_fsdp_by_hand_for_zero3
@@ -887,6 +907,8 @@ import torch.distributed as tdist
 import torch.nn.functional as F
 from torch import nn
 
+from helpers import compat
+
 
 class ShardedLinear(nn.Module):
     # Gathers into a buffer made once in __init__ and reused ("no allocation per call"): the
@@ -908,7 +930,7 @@ class ShardedLinear(nn.Module):
     def gather(self) -> tuple[torch.Tensor, torch.Tensor]:
         """One all-gather of every rank's shard: the full (weight [out, in], bias [out])."""
         full = self.buffer
-        tdist.all_gather_single(full, self.shard.detach())
+        compat.all_gather_single(full, self.shard.detach())
         n_weight = self.out_features * self.in_features
         return full[:n_weight].view(self.out_features, self.in_features), full[n_weight : self.numel]
 
@@ -936,7 +958,7 @@ class GatheredLinear(torch.autograd.Function):
         full = torch.cat([(g2.T @ x2).reshape(-1), g2.sum(0)])  # [P], laid out like the weights
         full = F.pad(full, (0, layer.size * layer.world - layer.numel))  # [S N]
         grad_shard = torch.empty(layer.size, dtype=full.dtype, device=full.device)
-        tdist.reduce_scatter_single(grad_shard, full)  # the sum of my S elements over the ranks
+        compat.reduce_scatter_single(grad_shard, full)  # the sum of my S elements over the ranks
         return grad_x, grad_shard / layer.world, None
 
 # === wrong: zero3_shard_as_view
@@ -947,6 +969,8 @@ import torch
 import torch.distributed as tdist
 import torch.nn.functional as F
 from torch import nn
+
+from helpers import compat
 
 
 class ShardedLinear(nn.Module):
@@ -967,7 +991,7 @@ class ShardedLinear(nn.Module):
     def gather(self) -> tuple[torch.Tensor, torch.Tensor]:
         """One all-gather of every rank's shard: the full (weight [out, in], bias [out])."""
         full = torch.empty(self.size * self.world, dtype=self.shard.dtype, device=self.shard.device)
-        tdist.all_gather_single(full, self.shard.detach())
+        compat.all_gather_single(full, self.shard.detach())
         n_weight = self.out_features * self.in_features
         return full[:n_weight].view(self.out_features, self.in_features), full[n_weight : self.numel]
 
@@ -995,5 +1019,5 @@ class GatheredLinear(torch.autograd.Function):
         full = torch.cat([(g2.T @ x2).reshape(-1), g2.sum(0)])  # [P], laid out like the weights
         full = F.pad(full, (0, layer.size * layer.world - layer.numel))  # [S N]
         grad_shard = torch.empty(layer.size, dtype=full.dtype, device=full.device)
-        tdist.reduce_scatter_single(grad_shard, full)  # the sum of my S elements over the ranks
+        compat.reduce_scatter_single(grad_shard, full)  # the sum of my S elements over the ranks
         return grad_x, grad_shard / layer.world, None
