@@ -8,13 +8,17 @@ lacks outside this module.
 
 from __future__ import annotations
 
+import inspect
 import sys
 
 import torch
 import torch.distributed as tdist
 
-__all__ = ["FLOOR", "REPLACES", "at_floor", "all_gather_single", "reduce_scatter_single", "allow_tf32", "tf32_allowed",
-           "set_reduce_scatter_buffers"]  # fmt: skip
+__all__ = [
+    "FLOOR", "REPLACES", "at_floor", "all_gather_single", "reduce_scatter_single", "allow_tf32",
+    "tf32_allowed", "set_reduce_scatter_buffers", "ddp_buffer_sync", "checkpoint_save_options",
+    "distribute_local",
+]  # fmt: skip
 
 FLOOR = "2.6"  # the oldest torch the workbook supports on clusters (README, "Minimum PyTorch")
 
@@ -27,6 +31,9 @@ REPLACES = {
     "torch.backends.cuda.matmul.fp32_precision": "allow_tf32(enabled) or tf32_allowed()",
     "fp32_precision": "allow_tf32(enabled) or tf32_allowed()",
     "set_reduce_scatter_max_input_buffers": "set_reduce_scatter_buffers(module, n)",
+    "torch.nn.parallel.DistributedDataParallel(forward_sync_buffers=...)": "ddp_buffer_sync(enabled)",
+    "torch.distributed.checkpoint.save(no_dist=...)": "checkpoint_save_options()",
+    "torch.distributed.tensor.distribute_tensor(src_data_rank=...)": "distribute_local(full, mesh, placements)",
 }
 
 # torch 2.14 names; torch 2.6 to 2.13 call them all_gather_into_tensor and reduce_scatter_tensor
@@ -64,6 +71,38 @@ def set_reduce_scatter_buffers(module, n: int) -> bool:
         return False
     setter(n)
     return True
+
+
+def ddp_buffer_sync(enabled: bool) -> dict:
+    """DDP's keyword for syncing buffers at each forward: ``DDP(m, **ddp_buffer_sync(False))``.
+    torch 2.14 says ``forward_sync_buffers`` (``broadcast_buffers`` is deprecated there); older
+    torch only knows ``broadcast_buffers``."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters:
+        return {"forward_sync_buffers": enabled}
+    return {"broadcast_buffers": enabled}
+
+
+def checkpoint_save_options() -> dict:
+    """Keywords for ``torch.distributed.checkpoint.save``: ``no_dist`` (newer than 2.6) when this
+    torch has it and no process group exists; older torch infers it the same way."""
+    import torch.distributed.checkpoint as dcp
+
+    if "no_dist" in inspect.signature(dcp.save).parameters:
+        return {"no_dist": not (tdist.is_available() and tdist.is_initialized())}
+    return {}
+
+
+def distribute_local(full: torch.Tensor, mesh, placements):
+    """A DTensor of ``full``, which every rank holds whole, cut to this rank's placements
+    without communication (``src_data_rank=None``, newer than 2.6); older torch scatters rank
+    0's copy, which gives the same values when the ranks' copies agree."""
+    from torch.distributed.tensor import distribute_tensor
+
+    if "src_data_rank" in inspect.signature(distribute_tensor).parameters:
+        return distribute_tensor(full, mesh, placements, src_data_rank=None)
+    return distribute_tensor(full, mesh, placements)
 
 
 def at_floor(version: str) -> bool:

@@ -77,6 +77,27 @@ def test_newer_attributes_on_objects_fail():
     ) == [".set_reduce_scatter_max_input_buffers"]
 
 
+def test_keywords_newer_than_the_floor_fail():
+    ddp = "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+    assert offences(ddp + "DDP(m, forward_sync_buffers=False)\n") == [
+        "torch.nn.parallel.DistributedDataParallel(forward_sync_buffers=...)"
+    ]
+    assert offences(ddp + "DDP(m, broadcast_buffers=False, gradient_as_bucket_view=True)\n") == []
+    assert (
+        offences(ddp + "from helpers import compat\nDDP(m, **compat.ddp_buffer_sync(False))\n")
+        == []
+    )
+    dcp = "import torch.distributed.checkpoint as dcp\n"
+    assert offences(dcp + "dcp.save(s, checkpoint_id='x', no_dist=True)\n") == [
+        "torch.distributed.checkpoint.save(no_dist=...)"
+    ]
+
+
+def test_compat_gives_the_keywords_this_torch_takes():
+    assert compat.ddp_buffer_sync(False) == {"forward_sync_buffers": False}  # the pinned 2.14
+    assert compat.checkpoint_save_options() == {"no_dist": True}  # no process group here
+
+
 def test_helpers_compat_and_a_stated_guard_pass():
     assert offences("from helpers import compat\ncompat.all_gather_single(out, x)\n") == []
     assert (

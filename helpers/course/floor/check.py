@@ -1,13 +1,13 @@
 """The version floor, checked: every torch name the workbook runs must exist in the floor's torch.
 
-The check is differential and static, so CI tests the floor without installing a second torch:
-a name fails when the installed torch has it and the floor's release (helpers/course/floor/torch-2.6.json.gz,
-read from its wheel by helpers.course.floor.release) does not. It reads what a learner or a job runs (``helpers/**/*.py``, the code
-cells of the notebooks, solution labs and student labs, including ``%%program``, ``%%torchrun``,
-``%%sbatch`` and ``%%writefile`` programs, and the labs' wrong answers, which copy a learner's
-code) and follows torch's modules through aliases (``import torch.distributed as tdist;
-tdist.all_gather_single``), ``from torch.x import y``, ``getattr(x, "name")`` and attribute or
-method names called on objects (``model.set_reduce_scatter_max_input_buffers(2)``).
+The check is differential and static, so CI tests the floor without installing a second
+torch: a name fails when the installed torch has it and the floor's release does not
+(helpers/course/floor/torch-2.6.json.gz, read from its wheel by helpers.course.floor.release).
+It reads what a learner or a job runs (helpers.course.floor.sources) and follows torch's
+modules through aliases (``import torch.distributed as tdist; tdist.all_gather_single``),
+``from torch.x import y``, ``getattr(x, "name")``, attribute or method names called on objects
+(``model.set_reduce_scatter_max_input_buffers(2)``) and the keywords passed to torch's
+module-level functions and classes (``DDP(m, forward_sync_buffers=False)``).
 
 helpers/compat.py, the one module allowed to name both releases, is not read; a line that must
 name a newer API (behind a version test of its own) says why with ``# floor: ok (reason)``.
@@ -67,6 +67,7 @@ class _Reader(ast.NodeVisitor):
         self.aliases = aliases  # local name -> dotted torch path, or None for another library
         self.paths: list[tuple[int, list[str]]] = []
         self.bare: list[tuple[int, str]] = []
+        self.calls: list[tuple[int, list[str], list[str]]] = []  # torch calls with keywords
         # attribute names that argparse makes: add_argument("--dry-run") -> args.dry_run
         self.own: set[str] = set()
 
@@ -115,6 +116,11 @@ class _Reader(ast.NodeVisitor):
 
     def visit_Call(self, node: ast.Call) -> None:
         f, args = node.func, node.args
+        chain, keywords = self._chain(f), [k.arg for k in node.keywords if k.arg]
+        if chain and keywords and self.aliases.get(chain[0]):
+            self.calls.append(
+                (node.lineno, self.aliases[chain[0]].split(".") + chain[1:], keywords)
+            )
         for k in node.keywords:
             if k.arg == "dest" and isinstance(k.value, ast.Constant):
                 self.own.add(k.value.value)
@@ -153,6 +159,21 @@ class _Installed:
         try:
             return hasattr(importlib.import_module(module), name)
         except Exception:  # a module that does not import here (another platform's)
+            return False
+
+    def accepts(self, path: list[str], keyword: str) -> bool:
+        """Does the function or class at ``path`` take ``keyword`` here?"""
+        import inspect
+
+        for cut in range(len(path), 0, -1):
+            if ".".join(path[:cut]) in self.modules:
+                break
+        try:
+            obj = importlib.import_module(".".join(path[:cut]))
+            for part in path[cut:]:
+                obj = getattr(obj, part)
+            return keyword in inspect.signature(obj).parameters
+        except Exception:  # not found, or no signature (a C function): not checked
             return False
 
     def defines(self, names: set[str]) -> set[str]:
@@ -248,7 +269,7 @@ def check(sources: list[Source], floor: floor_release.Release | None = None) -> 
         own |= floor_release.attribute_names(tree)
         file = s.where.split(" cell ")[0]  # a notebook's cells share their names
         reader = readers.setdefault(file, _Reader({}))
-        reader.paths, reader.bare = [], []
+        reader.paths, reader.bare, reader.calls = [], [], []
         reader.visit(tree)
         for line, chain in reader.paths:
             name, rest = _path_offence(chain, floor, now)
@@ -256,6 +277,12 @@ def check(sources: list[Source], floor: floor_release.Release | None = None) -> 
                 found.append((s, line, name))
             bare.extend((s, line, n, file) for n in rest)
         bare.extend((s, line, n, file) for line, n in reader.bare)
+        for line, path, keywords in reader.calls:
+            known = floor.params.get(path[-1])
+            module_level = ".".join(path[:-1]) in now.modules  # a method's keywords are not read
+            for k in keywords if module_level and known and "**" not in known else ():
+                if k not in known and now.accepts(path, k):
+                    found.append((s, line, f"{'.'.join(path)}({k}=...)"))
     uses_torch = {f for f, r in readers.items() if any(v for v in r.aliases.values())}
     own |= set().union(*(r.own for r in readers.values()))
     skip = floor.attributes | own | _not_torch()

@@ -187,11 +187,46 @@ def _used(tree: ast.AST) -> set[str]:
     return {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
 
 
-class Release:
-    """A torch release's modules {name: top-level names} and its attribute names."""
+def _signature(fn: ast.AST) -> set[str]:
+    """A def's parameter names, "**" when it takes any keyword."""
+    a = fn.args
+    names = {x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs]}
+    return names | ({"**"} if a.kwarg else set())
 
-    def __init__(self, modules: dict[str, set[str]], attributes: set[str], version: str = "?"):
+
+def parameters(tree: ast.Module, module: str) -> dict[str, set[str]]:
+    """{public function or class name: its keyword names} of one module's top level: a class's
+    from its ``__init__`` (or its annotated fields, a dataclass's)."""
+    if "._internal" in module or module.startswith("torch._"):
+        return {}
+    out: dict[str, set[str]] = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith(
+            "_"
+        ):
+            out.setdefault(node.name, set()).update(_signature(node))
+        elif isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+            inits = [
+                f for f in node.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"
+            ]
+            fields = {
+                t.target.id
+                for t in node.body
+                if isinstance(t, ast.AnnAssign) and isinstance(t.target, ast.Name)
+            }
+            if inits or fields:
+                out.setdefault(node.name, set()).update(fields, *(_signature(f) for f in inits))
+    return out
+
+
+class Release:
+    """A torch release's modules {name: top-level names}, its attribute names and the keyword
+    names of its public functions and classes, by name (every module's that defines it)."""
+
+    def __init__(self, modules: dict[str, set[str]], attributes: set[str], version: str = "?",
+                 params: dict[str, set[str]] | None = None):  # fmt: skip
         self.modules, self.attributes, self.version = modules, attributes, version
+        self.params = params or {}
 
     def has(self, module: str, name: str) -> bool:
         """Does ``module.name`` exist: a top-level name, or a submodule?"""
@@ -199,7 +234,8 @@ class Release:
 
     def to_json(self) -> dict:
         return {"version": self.version, "attributes": sorted(self.attributes),
-                "modules": {m: sorted(n) for m, n in sorted(self.modules.items())}}  # fmt: skip
+                "modules": {m: sorted(n) for m, n in sorted(self.modules.items())},
+                "params": {f: sorted(n) for f, n in sorted(self.params.items())}}  # fmt: skip
 
     def save(self, path: Path = MANIFEST) -> None:
         text = json.dumps(self.to_json(), separators=(",", ":"), sort_keys=True)
@@ -212,6 +248,7 @@ class Release:
             {m: set(n) for m, n in data["modules"].items()},
             set(data["attributes"]),
             data["version"],
+            {f: set(n) for f, n in data.get("params", {}).items()},
         )
 
 
@@ -239,7 +276,11 @@ def release_from_sources(trees: dict[str, tuple[ast.Module, bool]], version: str
     attributes = set().union(
         *(attribute_names(t) | _used(t) for t, _ in trees.values()), *modules.values()
     )
-    return Release(modules, attributes, version)
+    params: dict[str, set[str]] = {}
+    for m, (t, _) in trees.items():
+        for name, names in parameters(t, m).items():
+            params.setdefault(name, set()).update(names)
+    return Release(modules, attributes, version, params)
 
 
 def wheel_release(wheel: Path) -> Release:
