@@ -33,6 +33,7 @@ REPLACES = {
     "set_reduce_scatter_max_input_buffers": "set_reduce_scatter_buffers(module, n)",
     "torch.nn.parallel.DistributedDataParallel(forward_sync_buffers=...)": "ddp_buffer_sync(enabled)",
     "torch.distributed.checkpoint.save(no_dist=...)": "checkpoint_save_options()",
+    "torch.distributed.checkpoint.load(no_dist=...)": "checkpoint_save_options(load=True)",
     "torch.distributed.tensor.distribute_tensor(src_data_rank=...)": "distribute_local(full, mesh, placements)",
 }
 
@@ -84,12 +85,13 @@ def ddp_buffer_sync(enabled: bool) -> dict:
     return {"broadcast_buffers": enabled}
 
 
-def checkpoint_save_options() -> dict:
-    """Keywords for ``torch.distributed.checkpoint.save``: ``no_dist`` (newer than 2.6) when this
-    torch has it and no process group exists; older torch infers it the same way."""
+def checkpoint_save_options(load: bool = False) -> dict:
+    """Keywords for ``torch.distributed.checkpoint.save`` (or ``.load`` with ``load=True``):
+    ``no_dist`` (newer than 2.6) when this torch has it and no process group exists; older
+    torch infers it the same way."""
     import torch.distributed.checkpoint as dcp
 
-    if "no_dist" in inspect.signature(dcp.save).parameters:
+    if "no_dist" in inspect.signature(dcp.load if load else dcp.save).parameters:
         return {"no_dist": not (tdist.is_available() and tdist.is_initialized())}
     return {}
 

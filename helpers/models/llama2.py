@@ -275,12 +275,12 @@ def _generator(device: torch.device, seed: int) -> torch.Generator:
 
 def _assign(p: torch.Tensor, full: torch.Tensor) -> None:
     """Copy a whole parameter's values into ``p``, or into this rank's shard of it."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
+    from torch.distributed.tensor import DTensor
+
+    from helpers import compat
 
     if isinstance(p, DTensor):
-        shard = distribute_tensor(
-            full.to(p.device), p.device_mesh, p.placements, src_data_rank=None
-        )
+        shard = compat.distribute_local(full.to(p.device), p.device_mesh, p.placements)
         p.to_local().copy_(shard.to_local())
     else:
         p.copy_(full)

@@ -41,6 +41,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from helpers import compat
 from helpers import data as data_lib
 from helpers.dist import Dist, is_initialized
 
@@ -190,7 +191,7 @@ def save(
     _barrier()  # nobody writes before the directory exists
     # Collective: ranks agree on who writes which tensor (a DDP replica is written once).
     dcp.save(_model_state(model, optimizer), checkpoint_id=str(tmp / "state"),
-             no_dist=not is_initialized())  # fmt: skip
+             **compat.checkpoint_save_options())  # fmt: skip
     torch.save({"rng": rng_state(), "state": rank_state or {}}, tmp / f"rank{d.rank}.pt")
     if d.rank == 0:
         torch.save({"step": step, "data": data or {}, "extra": extra or {}}, tmp / "shared.pt")
@@ -225,7 +226,7 @@ def load(path, model: nn.Module, optimizer, d: Dist) -> Checkpoint:
             "a .tmp-* one was never finished): use checkpoint.latest(dir)"
         )
     state = _model_state(model, optimizer)
-    dcp.load(state, checkpoint_id=str(path / "state"), no_dist=not is_initialized())
+    dcp.load(state, checkpoint_id=str(path / "state"), **compat.checkpoint_save_options(load=True))
     set_state_dict(model, optimizer or [], model_state_dict=state["model"],
                    optim_state_dict=state.get("optim", {}))  # fmt: skip
     shared = torch.load(path / "shared.pt", map_location="cpu", weights_only=True)

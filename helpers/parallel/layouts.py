@@ -28,6 +28,7 @@ import torch
 import torch.distributed as tdist
 from torch import nn
 
+from helpers import compat
 from helpers.models import llama2
 
 __all__ = ["Trial", "TRIALS", "Layer", "megatron_tp", "LayoutRun", "Probes", "PROBE_ROWS",
@@ -172,7 +173,7 @@ class LayoutRun:
                 part,
                 process_group=mesh["dp"].get_group(),
                 gradient_as_bucket_view=True,
-                forward_sync_buffers=False,
+                **compat.ddp_buffer_sync(False),
             )  # the rotary tables are the same everywhere
         self.part = part
         self.opt = torch.optim.Adam(part.parameters(), lr=1e-3)
@@ -268,7 +269,7 @@ class Probes:
             fully_shard(layer, mesh=DeviceMesh.from_group(alone, "cpu"))
         fully_shard(self.sharded, mesh=DeviceMesh.from_group(alone, "cpu"))
         self.ddp = DDP(stack(), process_group=alone, gradient_as_bucket_view=True,
-                       forward_sync_buffers=False)  # fmt: skip
+                       **compat.ddp_buffer_sync(False))  # fmt: skip
         self.opts = [torch.optim.Adam(m.parameters(), lr=1e-3) for m in (self.plain, self.sharded)]
         self.inputs = [torch.randn(r, seq_len, args.dim) for r in PROBE_ROWS]
         self.bufs = [torch.zeros(n // 4) for n in PROBE_BYTES]

@@ -47,10 +47,11 @@ def run(cfg: TrainConfig, d: dist.Dist) -> dict:
     train_ds, test_ds, info = data.load(
         cfg.dataset, cfg.data_root or None, offline, n_train=cfg.n_train, n_test=cfg.n_test
     )
-    train_loader = data.make_loader(
-        train_ds, cfg.batch_size, shuffle=True, seed=cfg.seed, num_workers=cfg.workers
-    )
-    test_loader = data.make_loader(test_ds, 500, shuffle=False, num_workers=cfg.workers)
+    # one device, whole dataset: no sampler (d is not passed); batches pinned for a GPU
+    train_loader = data.make_loader(train_ds, cfg.batch_size, shuffle=True, seed=cfg.seed,
+                                    num_workers=cfg.workers, device=d.device)  # fmt: skip
+    test_loader = data.make_loader(test_ds, 500, shuffle=False, num_workers=cfg.workers,
+                                   device=d.device)  # fmt: skip
     model = models.create(info.name, num_classes=info.num_classes).to(d.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
     print(f"{d}: {models.count_parameters(model):,} parameters, amp={cfg.amp}", flush=True)

@@ -62,7 +62,9 @@ def install(gpu: str | None = None) -> None:
     """Register the ``gpu`` device and the "standin" and "dryrun" backends (once a process)."""
     if _installed:
         return
-    from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+    from torch.utils.backend_registration import (  # floor: ok (the dry run's stand-in GPU runs on the pinned torch, never on a cluster's)
+        _setup_privateuseone_for_python_backend,
+    )
 
     gpu = gpu or os.environ.get(GPU_ENV, "h100")
     _setup_privateuseone_for_python_backend(DEVICE_TYPE, backend_module=GpuModule(gpu))

@@ -18,7 +18,8 @@ so a check on CPU ranks must be told to take the GPU's:
   workbook's floor, to the releases before pytorch/pytorch#161749) refuses a matrix product
   unless ``$CUBLAS_WORKSPACE_CONFIG`` is ``:4096:8`` or ``:16:8``; so does the stand-in.
 * **pinned memory**: a DataLoader feeding a GPU pins its host batches. The stand-in has no
-  page-locked allocator: pinning a host tensor is a copy (``is_pinned()`` stays False), and
+  page-locked allocator: pinning a host tensor is a copy that ``is_pinned()`` then reports
+  pinned (FSDP2's CPU offload pins its shards once and asks again before each copy), and
   pinning a tensor already on the device fails as on CUDA.
 
 Autocast's default dtype is CUDA's (float16) already: PrivateUse1's default.
@@ -30,6 +31,7 @@ import os
 import warnings
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 __all__ = ["take_cuda_paths", "check_as_cuda", "CUBLAS_MESSAGE"]
 
@@ -63,14 +65,23 @@ def take_cuda_paths(device_tensor_type: type) -> None:
     _pinning()
 
 
-def _pinning() -> None:
-    """Pinning a host tensor copies it (a device tensor is refused by ``check_as_cuda``)."""
+_PINNED = WeakIdKeyDictionary()  # the storages of "pinned" copies, while they live
 
+
+def _pin(self, device=None):
+    out = self.clone()
+    _PINNED[out.untyped_storage()] = True
+    return out
+
+
+def _pinning() -> None:
+    """Pinning a host tensor copies it, and the copy (and its views) answer ``is_pinned()``
+    True; a device tensor is refused by ``check_as_cuda``."""
     aten = torch.library.Library("aten", "IMPL")
     with warnings.catch_warnings():  # replacing the CPU kernels is the point
         warnings.simplefilter("ignore")
-        aten.impl("is_pinned", lambda self, device=None: False, "CPU")
-        aten.impl("_pin_memory", lambda self, device=None: self.clone(), "CPU")
+        aten.impl("is_pinned", lambda self, device=None: self.untyped_storage() in _PINNED, "CPU")
+        aten.impl("_pin_memory", _pin, "CPU")
     _keep.append(aten)
 
 

@@ -129,22 +129,25 @@ with dist.session() as d:
         model(torch.randn(3, 4, device=d.device)).sum().backward()
         opt.step()
     batches = DataLoader(TensorDataset(torch.randn(6, 4)), batch_size=3, pin_memory=True)
+    pinned = [x.is_pinned() for (x,) in batches]
     moved = [x.to(d.device, non_blocking=True).sum().item() for (x,) in batches]
+    held = torch.randn(4).pin_memory()  # FSDP2's offload pins once, then asks before each copy
+    pinned += [held.is_pinned(), held[1:].is_pinned(), not torch.randn(4).is_pinned()]
     rows = torch.ones(4, 3, device=d.device)[torch.arange(2)]  # host indices: CUDA takes them
     try:
         torch.ones(2, device=d.device).pin_memory()
         refused = ""
     except RuntimeError as e:
         refused = str(e)
-    runs.write_metrics({"taken": taken, "pinned_batches": len(moved), "rows": len(rows), "refused": refused,
+    runs.write_metrics({"taken": taken, "pinned": pinned, "pinned_batches": len(moved), "rows": len(rows), "refused": refused,
                         "autocast": str(torch.get_autocast_dtype(d.device.type))})
 """
 
 
 def test_the_stand_in_takes_cudas_optimizer_and_loader_paths(tmp_path):
     """On CUDA, AdamW's default is its foreach implementation (the CPU's is the per-tensor
-    loop); foreach=False and fused=True are obeyed; a loader pins host batches, and a device
-    tensor cannot be pinned; autocast defaults to float16."""
+    loop); foreach=False and fused=True are obeyed; a loader pins host batches, a pinned copy
+    says it is pinned, and a device tensor cannot be pinned; autocast defaults to float16."""
     (result,) = run_ranks(
         _program(tmp_path, CUDA_CHOICES), [], "strict", 1, timeout=120, max_steps=10
     )
@@ -152,6 +155,7 @@ def test_the_stand_in_takes_cudas_optimizer_and_loader_paths(tmp_path):
     metrics = result["metrics"]
     assert metrics["taken"] == ["multi", "single", "fused"]  # default, foreach=False, fused=True
     assert metrics["pinned_batches"] == 2 and metrics["rows"] == 2
+    assert metrics["pinned"] == [True] * 5  # batches, a pinned copy and its view; not a fresh one
     assert "only dense CPU tensors can be pinned" in metrics["refused"]
     assert metrics["autocast"] == "torch.float16"
 

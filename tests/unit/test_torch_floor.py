@@ -96,6 +96,7 @@ def test_keywords_newer_than_the_floor_fail():
 def test_compat_gives_the_keywords_this_torch_takes():
     assert compat.ddp_buffer_sync(False) == {"forward_sync_buffers": False}  # the pinned 2.14
     assert compat.checkpoint_save_options() == {"no_dist": True}  # no process group here
+    assert compat.checkpoint_save_options(load=True) == {"no_dist": True}
 
 
 def test_helpers_compat_and_a_stated_guard_pass():
