@@ -1,0 +1,8 @@
+"""The book: every notebook executed with papermill, as ``make run`` and CI do.
+
+    python -m helpers.course.book run [--smoke] [--only PATTERN]
+
+runner.py discovers and executes the notebooks and prints the table; headless.py is the
+papermill engine it runs them with; kernel.py installs the notebooks' Jupyter kernel
+(``python -m helpers.course.book.kernel``, run by ``make setup``).
+"""
