@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml
 	@# The notebooks' kernel lives inside this venv (--sys-prefix): nothing is registered
 	@# user-wide, so two checkouts side by side each run their own code.
 	$(PY) -m ipykernel install --sys-prefix --name $(KERNEL) --display-name "PDL workbook ($(CURDIR))" >/dev/null
-	@$(PY) -m helpers.course.kernel --drop-user-wide $(KERNEL)
+	@$(PY) -m helpers.course.book.kernel --drop-user-wide $(KERNEL)
 	@touch $(STAMP)
 
 setup: $(STAMP)
@@ -43,7 +43,7 @@ lab: setup
 
 # Regenerate the student labs/ from the instructor solutions/.
 labs: setup
-	$(PY) -m helpers.course.labs release
+	$(PY) -m helpers.course.grading.labs release
 
 lint: setup
 	$(VENV)/bin/ruff check helpers tests

@@ -6,7 +6,7 @@ Layout (run nbgrader from the top of the checkout):
     labs/<lab>/<lab>.ipynb         student version, generated, committed (release)
     submitted/ autograded/ feedback/   grading work areas, git-ignored
 
-Regenerate labs/ with ``python -m helpers.course.labs release`` (it calls
+Regenerate labs/ with ``python -m helpers.course.grading.labs release`` (it calls
 ``nbgrader generate_assignment`` with this file). Instructors grade with the
 usual commands, e.g. ``nbgrader collect lab0`` then ``nbgrader autograde lab0``.
 """
@@ -46,12 +46,12 @@ c.CourseDirectory.ignore = [
 c.Execute.timeout = 120
 c.Execute.kernel_name = "python3"
 
-# Grading preprocessors of helpers/course/preprocessors.py:
+# Grading preprocessors of helpers/course/grading/preprocessors.py:
 # - feedback shows a hidden test's result and message, never its code or traceback
 #   (GetGrades must come first: it reads scores by cell);
 # - a graded cell a learner copied (two cells, one grade_id) no longer aborts the
 #   grading of every learner after them.
-# The guard (helpers/course/guard.py) reads every learner cell before the kernel runs
+# The guard (helpers/course/grading/guard.py) reads every learner cell before the kernel runs
 # it, in autograde and Validate: a cell that reaches into the kernel or the grader, or
 # imports what its lab refuses (solutions/<lab>/grading.toml), is not run, and the
 # grades CSV (`nbgrader export`) says why in its `refused` column.
@@ -60,9 +60,9 @@ try:
     from nbgrader.preprocessors import CheckCellMetadata, ClearOutput, GetGrades
     from nbgrader.preprocessors import OverwriteCells, OverwriteKernelspec
 
-    from helpers.course import guard
-    from helpers.course.export import CsvWithRefusals
-    from helpers.course.preprocessors import DropDuplicateIds, HideHiddenTests
+    from helpers.course.grading import guard
+    from helpers.course.grading.export import CsvWithRefusals
+    from helpers.course.grading.preprocessors import DropDuplicateIds, HideHiddenTests
 except ImportError:  # a learner's environment without the workbook package: not needed
     pass
 else:

@@ -3,14 +3,14 @@
 Runs helpers.programs.train_ddp's ``train`` on every rank through
 helpers.launch.spawn, with the machine's threads shared between ranks, and
 returns one row per (mode, ranks). The arithmetic (speedup, efficiency) is
-helpers.parallel.scaling; ``python -m helpers.course.bench ddp`` prints it.
+helpers.parallel.data.scaling; ``python -m helpers.course.bench ddp`` prints it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from helpers.parallel.scaling import local_batch
+from helpers.parallel.data.scaling import local_batch
 
 __all__ = ["StudyConfig", "run_study", "train_each"]
 

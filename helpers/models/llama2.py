@@ -8,7 +8,7 @@
       -> norm (RMSNorm) -> output (Linear)   (B, S, vocab) logits
 
 The module names (``attention.wq``, ``feed_forward.w1``, ``attention_norm`` ...)
-are Meta's, so the tensor-parallel plan in helpers.parallel.llama_parallel reads
+are Meta's, so the tensor-parallel plan in helpers.parallel.composed.llama_parallel reads
 like the PyTorch TP tutorial's. Attention reshapes with ``-1`` heads, so the same
 code runs on a tensor-parallel shard that holds only n_heads / tp heads.
 

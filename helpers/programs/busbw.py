@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 from helpers import dist
 from helpers.config import parse
-from helpers.parallel.collectives import measure
-from helpers.parallel.costmodel import bus_bandwidth
+from helpers.parallel.collectives.collectives import measure
+from helpers.parallel.collectives.costmodel import bus_bandwidth
 from helpers.runs import write_metrics
 
 

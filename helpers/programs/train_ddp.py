@@ -15,7 +15,7 @@ Rank 0 writes the results with helpers.runs.write_metrics (throughput, loss
 per step, test accuracy) and, with ``--checkpoint PATH``, saves the model.
 
 Preemption-safe: with ``--ckpt-dir DIR`` the program checkpoints every
-``--ckpt-every`` steps (helpers.parallel.checkpoint), resumes by itself from the
+``--ckpt-every`` steps (helpers.parallel.sharded.checkpoint), resumes by itself from the
 newest checkpoint in DIR (with the same number of ranks: the data position is saved
 in batches per rank), and on SIGUSR1 or SIGTERM (Slurm's warning, a requeue,
 torchrun stopping its ranks) checkpoints at the next step and exits 0 without
@@ -39,7 +39,8 @@ from torch import nn
 
 from helpers import data, devices, dist, models
 from helpers.config import parse
-from helpers.parallel import checkpoint, ddp, fsdp
+from helpers.parallel.data import ddp
+from helpers.parallel.sharded import checkpoint, fsdp
 from helpers.programs.ddp_config import DDPConfig
 from helpers.runs import write_metrics
 from helpers.training import lr as lr_rules

@@ -4,7 +4,7 @@
     torchrun --nproc-per-node 4 helpers/programs/train_llama.py --tp 2   # 2 x 2 on one node
     srun torchrun --nnodes 2 ... train_llama.py --tp 4 --model 7B          # seed 001's recipe
 
-The mesh is (dp, tp) with TP inside a node (helpers.parallel.mesh); dp = world / tp.
+The mesh is (dp, tp) with TP inside a node (helpers.parallel.composed.mesh); dp = world / tp.
 Each DP group reads its own slice of the global batch; the TP ranks of a group read the
 same tokens (they hold halves of the same layers).
 
@@ -39,8 +39,8 @@ import torch.nn.functional as F
 from helpers import dist, gpus
 from helpers.config import parse
 from helpers.models import llama2
-from helpers.parallel import llama_parallel
-from helpers.parallel.mesh import ParallelDims
+from helpers.parallel.composed import llama_parallel
+from helpers.parallel.composed.mesh import ParallelDims
 from helpers.runs import write_metrics
 from helpers.training.loop import phase
 

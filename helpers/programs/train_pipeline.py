@@ -37,7 +37,7 @@ from torch.distributed.pipelining import (
 from helpers import dist
 from helpers.config import parse
 from helpers.models import llama2
-from helpers.parallel.pipeline_llama import LlamaStage, even_bounds
+from helpers.parallel.pipeline.pipeline_llama import LlamaStage, even_bounds
 from helpers.runs import write_metrics
 
 __all__ = ["PipelineConfig", "build_stages", "train", "main"]

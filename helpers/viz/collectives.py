@@ -86,7 +86,7 @@ def plot_ps_vs_ring(n_bytes: float, rows: list, measured_on: str):
     """Bytes the busiest rank sends (a model: counted, not measured) and measured times."""
     import numpy as np
 
-    from helpers.parallel import costmodel
+    from helpers.parallel.collectives import costmodel
 
     fig, (ax1, ax2) = new_figure(
         f"parameter server vs ring, {n_bytes / 2**20:g} MiB",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from matplotlib.patches import Rectangle
 
-from helpers.parallel.context_layout import sub_blocks
+from helpers.parallel.context.context_layout import sub_blocks
 from helpers.viz.common import new_figure
 
 RANK_COLOURS = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown",

@@ -37,11 +37,11 @@ def _model_lines(ax, x, predict):
 def plot_prediction(pingpong: list, ab, rows: list, measured_on: str):
     """Ping-pong fit (left), then all-reduces: measured vs predicted from that one fit.
 
-    pingpong: rows of helpers.parallel.collectives.pingpong; ab: the AlphaBeta
-    fitted to them; rows: helpers.parallel.collectives.measure rows. Markers with
+    pingpong: rows of helpers.parallel.collectives.collectives.pingpong; ab: the AlphaBeta
+    fitted to them; rows: helpers.parallel.collectives.collectives.measure rows. Markers with
     bars are measurements (median, quartiles); dashed lines are the model.
     """
-    from helpers.parallel import costmodel
+    from helpers.parallel.collectives import costmodel
 
     fig, (ax0, ax1, ax2) = new_figure(
         "all-reduce: measured (markers, bars = quartiles) vs MODEL from the ping-pong (dashed)",
@@ -87,7 +87,7 @@ def plot_prediction(pingpong: list, ab, rows: list, measured_on: str):
 
 def plot_bus_bandwidth(rows: list, ab, measured_on: str):
     """Bus bandwidth 2(N-1)/N * n / t of every measured all-reduce, beside the link's 1/beta."""
-    from helpers.parallel import costmodel
+    from helpers.parallel.collectives import costmodel
 
     fig, (ax,) = new_figure(
         "bus bandwidth of each all-reduce (same formula for all)", measured_on, width=7.5
@@ -124,7 +124,7 @@ def plot_bus_bandwidth(rows: list, ab, measured_on: str):
 def plot_published(vs_ranks: dict, sweep: dict, sweep_model, b200: dict):
     """Published NCCL all-reduce bus bandwidths beside the ring model (one dashed line each).
 
-    vs_ranks: helpers.parallel.published_comm.RING_VS_RANKS with "ring_model_GBps" and
+    vs_ranks: helpers.parallel.collectives.published_comm.RING_VS_RANKS with "ring_model_GBps" and
     "ps_model_GBps" added; sweep: SWEEP_H200; sweep_model: its model bus bandwidths (GB/s)
     at sweep["bytes"]; b200: SWEEP_B200. Nothing here was measured by the workbook.
     """

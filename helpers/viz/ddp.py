@@ -38,7 +38,7 @@ def _rows(ax, spans: list, events: list, title: str) -> None:
 def plot_bucket_timeline(timelines: dict, measured_on: str):
     """DDP's buckets inside one backward pass: one panel per cap, one row per bucket.
 
-    timelines: {label: helpers.parallel.buckets.timeline(...) result}. Grey rows:
+    timelines: {label: helpers.parallel.data.buckets.timeline(...) result}. Grey rows:
     backward without communication (no_sync) and with DDP (it returns when the last
     bucket is averaged); coloured rows: each bucket's all-reduce from launch to done.
     """
@@ -57,7 +57,7 @@ def plot_bucket_timeline(timelines: dict, measured_on: str):
 def plot_overlap_timeline(results: dict, measured_on: str):
     """One training step per way of averaging: its phases, then every all-reduce.
 
-    results: helpers.parallel.ddp_timeline.measure(...). Each panel is the route's
+    results: helpers.parallel.data.ddp_timeline.measure(...). Each panel is the route's
     median step (one real step, so its bars belong together); the first panel is
     the step without any communication, the compute alone. The red line is when the
     gradients were averaged on this rank.

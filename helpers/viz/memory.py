@@ -61,7 +61,7 @@ TIMELINE = {"compute (forward)": "#c7c7c7", "compute (backward)": "#8c8c8c",
 
 def plot_comm_timeline(events, measured_on=None, title="What FSDP sends, and when (rank 0)",
                        ax=None):  # fmt: skip
-    """events: helpers.parallel.fsdp.CommEvent list -> one row per layer: its compute (grey)
+    """events: helpers.parallel.sharded.fsdp.CommEvent list -> one row per layer: its compute (grey)
     and its collectives (coloured; hatched: an all-gather issued ahead, a prefetch)."""
     layers = list(dict.fromkeys(e.layer for e in events))
     fig = None
@@ -136,7 +136,7 @@ def llama_memory(name: str, dp: int, stage: int, precision: str = "mixed", check
     """{part: bytes} per GPU for a Llama 2 shape (helpers.models.llama2.CONFIGS[name]).
     ``eager``: attention that stores its s x s probabilities (not flash attention)."""
     from helpers.models import llama2
-    from helpers.parallel import memory
+    from helpers.parallel.sharded import memory
 
     args = llama2.CONFIGS[name]
     n = llama2.param_count(args)

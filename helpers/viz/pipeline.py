@@ -1,6 +1,6 @@
 """Pipeline figures (05): Gantt charts of simulated and measured timelines, and an explorer.
 
-A timeline is helpers.parallel.schedules.Timeline: events (stage, kind, mb, start, end,
+A timeline is helpers.parallel.pipeline.schedules.Timeline: events (stage, kind, mb, start, end,
 chunk). One row per stage, stage 0 on top, as in the seeds' tables: forwards blue,
 backwards orange (zero-bubble: input-gradient B orange, weight-gradient W green), the
 micro-batch number in each box, and white where a stage waits (the bubble).
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from helpers.parallel.schedules import SCHEDULES, simulate
+from helpers.parallel.pipeline.schedules import SCHEDULES, simulate
 from helpers.viz.common import new_figure
 
 COLOURS = {"F": "#4C72B0", "B": "#DD8452", "W": "#55A868"}

@@ -1,14 +1,14 @@
 """JupyterHub for a workshop: PAM sign-in, each JupyterLab a Slurm job, nbgrader for the class.
 
 Started by ``make hub`` (slurm/hub/start.sh), as root, from the workbook's venv; every
-value comes from the environment (helpers.course.hub.settings_from_env, described in
+value comes from the environment (helpers.course.hub.workshop.settings_from_env, described in
 docs/instructors.md, "A workshop hub"). What listens:
 
 * the proxy, on HUB_URL (the only address learners need);
 * the hub's API, on HUB_API_ADDRESS (the jobs call it: token-protected);
 * the proxy's API and the formgrader service, on 127.0.0.1;
 * each JupyterLab, on its node, on the address that node reaches the hub from
-  (helpers.course.hub_job; its requests need the learner's OAuth cookie or the
+  (helpers.course.hub.job; its requests need the learner's OAuth cookie or the
   server's token).
 """
 
@@ -18,7 +18,8 @@ from pathlib import Path
 
 from jupyterhub.utils import random_port
 
-from helpers.course import hub, hub_spawner
+from helpers.course.hub import spawner as hub_spawner
+from helpers.course.hub import workshop as hub
 
 c = get_config()  # noqa: F821 - injected by traitlets when JupyterHub loads this file
 
@@ -81,7 +82,7 @@ c.JupyterHub.spawner_class = "batchspawner.SlurmSpawner"
 c.SlurmSpawner.batch_script = hub.job_script(s, hub_id, venv_bin)
 c.SlurmSpawner.exec_prefix = "sudo -E -u {username}"  # sbatch, squeue, scancel as the learner
 # In the job: listen on the node's address that faces the hub, report the port when up.
-c.SlurmSpawner.batchspawner_singleuser_cmd = "python -m helpers.course.hub_job serve"
+c.SlurmSpawner.batchspawner_singleuser_cmd = "python -m helpers.course.hub.job serve"
 c.SlurmSpawner.startup_poll_interval = 0.25
 c.Spawner.start_timeout = 300  # a full queue: the learner waits, then is told to retry
 c.Spawner.http_timeout = 60

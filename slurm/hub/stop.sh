@@ -5,7 +5,7 @@
 # JupyterHub cancels its servers' jobs when it stops (SIGTERM); whatever is left
 # afterwards is stopped by this script: the processes the hub started, then the
 # Slurm jobs whose comment names this hub (pdl-hub-<id>, see job_script in
-# helpers/course/hub.py). Other people's jobs are never touched. The learners' homes
+# helpers/course/hub/workshop.py). Other people's jobs are never touched. The learners' homes
 # (their labs and notebooks) and the hub's state and logs are kept.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

@@ -1,4 +1,4 @@
-# Plausible wrong submissions for lab 0, used by tests/grading (format: helpers/course/grading.py).
+# Plausible wrong submissions for lab 0, used by tests/grading (format: helpers/course/grading/roundtrip.py).
 # Each replaces one or two solution cells; the cells it does not name keep the solution,
 # so every one of them must score strictly between zero and full marks.
 
@@ -102,7 +102,7 @@ def shard_range(n: int, rank: int, world_size: int) -> range:
     raise NotImplementedError()
 
 # === wrong: imports_chunk_bounds
-# An importable answer: notebook 02's helpers.parallel.collectives.chunk_bounds is exactly
+# An importable answer: notebook 02's helpers.parallel.collectives.collectives.chunk_bounds is exactly
 # shard_range. The guard refuses the import (lab 0's grading.toml): the cell does not run,
 # so the tests that need mean_on_ranks fail.
 # %% cell: mean_on_ranks
@@ -110,7 +110,7 @@ def shard_range(n: int, rank: int, world_size: int) -> range:
 import torch
 import torch.distributed as tdist
 
-from helpers.parallel.collectives import chunk_bounds
+from helpers.parallel.collectives.collectives import chunk_bounds
 
 
 def mean_on_ranks(d, n: int, read) -> float:

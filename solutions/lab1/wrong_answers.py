@@ -1,4 +1,4 @@
-# Plausible wrong submissions for lab 1, used by tests/grading (format: helpers/course/grading.py).
+# Plausible wrong submissions for lab 1, used by tests/grading (format: helpers/course/grading/roundtrip.py).
 # Each replaces one solution cell; the cells it does not name keep the solution, so every
 # one of them must score strictly between zero and full marks.
 
@@ -116,7 +116,7 @@ def average_gradients(d, model: nn.Module) -> None:
 %%program lab1_ring
 import torch
 
-from helpers.parallel.collectives import ring_all_reduce
+from helpers.parallel.collectives.collectives import ring_all_reduce
 
 
 def ring_all_reduce_(d, tensor: torch.Tensor) -> None:

@@ -1,4 +1,4 @@
-# Plausible wrong submissions for lab 2, used by tests/grading (format: helpers/course/grading.py).
+# Plausible wrong submissions for lab 2, used by tests/grading (format: helpers/course/grading/roundtrip.py).
 # Each replaces one or two solution cells; the cells it does not name keep the solution, so
 # every one of them must score strictly between zero and full marks.
 
@@ -363,7 +363,7 @@ class ShardedOptimizer:
 # An importable answer: keep a reference to the workbook's estimator, made before the test
 # switches it off. Refused by lab 2's grading.toml: the cell does not run.
 # %% cell: memory_estimate
-from helpers.parallel.memory import estimate
+from helpers.parallel.sharded.memory import estimate
 
 
 def model_state_bytes(num_params: int, dp: int, stage: int, precision: str = "fp32") -> tuple[float, float, float]:
@@ -877,7 +877,7 @@ class GatheredLinear(torch.autograd.Function):
 import torch
 from torch import nn
 
-from helpers.parallel.fsdp_by_hand import ShardedUnit
+from helpers.parallel.sharded.fsdp_by_hand import ShardedUnit
 
 
 class ShardedLinear(nn.Module):

@@ -1,5 +1,5 @@
 # Plausible wrong submissions for lab 3, used by tests/grading (multi-answer format:
-# helpers/course/labs.py). Cells not listed keep the solution, so each submission must
+# helpers/course/grading/labs.py). Cells not listed keep the solution, so each submission must
 # score strictly between zero and full marks.
 
 # === wrong: no_microbatching
@@ -188,7 +188,7 @@ def gpipe_step(d, stage: nn.Module, x: torch.Tensor, y: torch.Tensor, m: int):
 # Refused by lab 3's grading.toml before it runs.
 # %% cell: bubble
 %%program lab3_bubble
-from helpers.parallel.schedules import simulate
+from helpers.parallel.pipeline.schedules import simulate
 
 
 def bubble_fraction(p: int, m: int) -> float:

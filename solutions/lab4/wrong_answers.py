@@ -1,4 +1,4 @@
-# Plausible wrong submissions for lab 4, used by tests/grading (format: helpers/course/grading.py).
+# Plausible wrong submissions for lab 4, used by tests/grading (format: helpers/course/grading/roundtrip.py).
 # Each replaces one solution cell; the cells it does not name keep the solution, so every
 # one of them must score strictly between zero and full marks.
 
@@ -263,7 +263,7 @@ def mlp_bytes_sent(tokens: int, dim: int, world_size: int, bytes_per_number: int
 # grading.toml before it runs: the layer and MLP tests fail.
 # %% cell: layers
 %%program lab4_layers
-from helpers.parallel.tp import ColumnParallelLinear, RowParallelLinear
+from helpers.parallel.tensor.tp import ColumnParallelLinear, RowParallelLinear
 
 # === wrong: decoy_sums_through_files
 # A decoy: f and g all-reduce zeros of the right shape (the tests count them) and the sums

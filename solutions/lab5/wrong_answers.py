@@ -1,5 +1,5 @@
 # Plausible wrong submissions for lab 5, used by tests/grading (multi-answer format:
-# helpers/course/labs.py). Cells not listed keep the solution, so each submission must
+# helpers/course/grading/labs.py). Cells not listed keep the solution, so each submission must
 # score strictly between zero and full marks.
 
 # === wrong: rows_and_columns_swapped
@@ -180,7 +180,7 @@ def choose_layout(n_params: int, n_layers: int, n_heads: int, nodes: int, gpus_p
 %%program lab5_plan
 from torch.distributed.device_mesh import init_device_mesh
 
-from helpers.parallel.llama_parallel import block_plan
+from helpers.parallel.composed.llama_parallel import block_plan
 
 
 def make_mesh(device_type: str, world_size: int, tp: int):
@@ -191,7 +191,7 @@ def make_mesh(device_type: str, world_size: int, tp: int):
 # grading.toml before it runs.
 # %% cell: layout
 %%program lab5_layout
-from helpers.parallel import planner
+from helpers.parallel.composed import planner
 
 
 def states_gb(n_params: int, dp: int, tp: int, pp: int, zero: int = 0) -> float:

@@ -1,4 +1,4 @@
-# Plausible wrong submissions for lab 6, used by tests/grading (format: helpers/course/grading.py).
+# Plausible wrong submissions for lab 6, used by tests/grading (format: helpers/course/grading/roundtrip.py).
 # Each replaces one solution cell; the cells it does not name keep the solution, so every
 # one of them must score strictly between zero and full marks (tamper_ and rewrites_recorder_:
 # zero).

@@ -1,4 +1,4 @@
-# Plausible wrong submissions for lab 7, used by tests/grading (format: helpers/course/grading.py).
+# Plausible wrong submissions for lab 7, used by tests/grading (format: helpers/course/grading/roundtrip.py).
 # Each replaces one solution cell; the cells it does not name keep the solution, so every
 # one of them must score strictly between zero and full marks.
 
@@ -148,7 +148,7 @@ if __name__ != "__main__":
 
 def ring_attention(d, q, k, v, positions, causal=False):
     # Right answer, wrong exercise: notebook 09's ring, imported from the workbook.
-    from helpers.parallel.ring_attention import ring_attention as workbook_ring
+    from helpers.parallel.context.ring_attention import ring_attention as workbook_ring
 
     return workbook_ring(d, q, k, v, positions, causal)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from helpers.course import grading
+from helpers.course.grading import roundtrip as grading
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

@@ -21,7 +21,7 @@ import torch
 import helpers.programs.train_ddp as program
 from helpers import launch, runs
 from helpers.dist import Dist
-from helpers.parallel import checkpoint
+from helpers.parallel.sharded import checkpoint
 
 # 256 samples, 16 per rank, 2 ranks: 8 steps per epoch, 16 in all.
 ARGS = ["--epochs", 2, "--n-train", 256, "--n-test", 40, "--batch-size", 16,
@@ -79,7 +79,7 @@ DIES_MID_SAVE = textwrap.dedent(
     from pathlib import Path
     import torch
     from helpers.dist import Dist
-    from helpers.parallel import checkpoint
+    from helpers.parallel.sharded import checkpoint
 
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)

@@ -5,7 +5,7 @@ import torch
 
 from helpers import launch
 from helpers.models import coatnet as C
-from helpers.parallel import coatnet_parallel as CP
+from helpers.parallel.composed import coatnet_parallel as CP
 
 CFG = C.config("tiny", image_size=32)
 

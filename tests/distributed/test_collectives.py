@@ -5,7 +5,7 @@ import torch
 import torch.distributed as tdist
 
 from helpers import launch
-from helpers.parallel import collectives
+from helpers.parallel.collectives import collectives
 
 
 def _compare_all(d, sizes):
@@ -113,7 +113,7 @@ def test_bench_and_timing_reject_bad_input_with_a_clear_message():
 
 
 def test_pingpong_and_measure_report_median_and_spread():
-    from helpers.parallel import costmodel
+    from helpers.parallel.collectives import costmodel
 
     # 4 KB against 16 MiB: at 1 MiB a busy 2-core box sometimes timed the larger message
     # faster (scheduling noise of ~0.1 ms); 16 MiB takes milliseconds on any machine

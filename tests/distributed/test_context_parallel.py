@@ -4,7 +4,7 @@ The log-sum-exp merge (in one process), the layouts (contiguous and load-balance
 2 and 4 gloo ranks: all-gather-K/V attention and ring attention, causal and not, even and
 uneven sequence lengths, odd shapes, forward and backward (each rank's dQ, dK, dV equal the
 serial gradients of its own tokens), for the plain ring, the all-gather and the ring on
-torch's fused kernels (helpers.parallel.fused_ring_attention, which also gets a striped
+torch's fused kernels (helpers.parallel.context.fused_ring_attention, which also gets a striped
 layout). The ring's messages go only to the right-hand neighbour, N - 1 of them, each the
 K/V block of the rank it came from, each step's send and receive posted as one
 batch_isend_irecv (NCCL's pairing with 2 ranks). Lab 7's checks see what a batched ring's
@@ -21,11 +21,11 @@ import torch.distributed as tdist
 import torch.nn.functional as F
 
 from helpers import launch
-from helpers.parallel import allgather_attention as AG
-from helpers.parallel import context_layout as L
-from helpers.parallel import fused_ring_attention as FR
-from helpers.parallel import online_softmax as OS
-from helpers.parallel import ring_attention as RA
+from helpers.parallel.context import allgather_attention as AG
+from helpers.parallel.context import context_layout as L
+from helpers.parallel.context import fused_ring_attention as FR
+from helpers.parallel.context import online_softmax as OS
+from helpers.parallel.context import ring_attention as RA
 from helpers.training.peak_memory import PeakMemory
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
@@ -207,7 +207,7 @@ def test_context_parallel_equals_serial_forward_and_backward(world, how):
 
 
 def _ring_traffic(d, shape):
-    from helpers.course.traffic import record_traffic
+    from helpers.course.grading.recorder.traffic import record_traffic
 
     q, k, v = _qkv(3, shape)
     pos = L.contiguous_positions(shape[-2], d.world_size)
@@ -300,7 +300,7 @@ def _fused_on_device(d, q, k, v, up, causal):
 
 def test_fused_ring_runs_on_the_stand_in_gpu_forward_and_backward():
     """Strict stand-in: every tensor on the device; no CUDA kernels there, so the CPU one."""
-    from helpers.course.ring_attention_check import standin_gpu
+    from helpers.course.grading.checks.ring_attention_check import standin_gpu
 
     q, k, v = _qkv(8, (1, 2, 12, 4))
     up = _qkv(9, (1, 2, 12, 4))[0]
@@ -366,7 +366,7 @@ def _plain_ring(d, q, k, v, positions, causal, zeros=False):
 
 
 def _watched(d, q, k, v, positions, causal, zeros, tamper_rank, delta):
-    from helpers.course.ring_attention_check import AnswerRefused, watch_ring
+    from helpers.course.grading.checks.ring_attention_check import AnswerRefused, watch_ring
 
     mine = [t.index_select(-2, positions[d.rank]) for t in (q, k, v)]
     tamper = (lambda t: t + delta) if d.rank == tamper_rank else None
@@ -383,7 +383,10 @@ def _watched(d, q, k, v, positions, causal, zeros, tamper_rank, delta):
 
 
 def test_lab7_checks_see_what_the_messages_carry():
-    from helpers.course.ring_attention_check import message_problems, tampered_reference
+    from helpers.course.grading.checks.ring_attention_check import (
+        message_problems,
+        tampered_reference,
+    )
 
     world, seq = 3, 10
     q, k, v = (t.double() for t in _qkv(6, (1, 2, seq, 3)))
@@ -422,7 +425,7 @@ def _device_ring(d, q, k, v, positions, causal):
 
 
 def test_lab7_stand_in_gpu_fails_a_log_sum_exp_left_on_the_host():
-    from helpers.course.ring_attention_check import ring_on_gpu, standin_gpu
+    from helpers.course.grading.checks.ring_attention_check import ring_on_gpu, standin_gpu
 
     q, k, v = _qkv(7, (1, 2, 6, 3))
     pos = [torch.arange(6)]  # one rank: the device rule, not the ring, is under test

@@ -6,7 +6,7 @@ import torch.distributed as tdist
 
 from helpers import launch, models
 from helpers.dist import Dist
-from helpers.parallel import buckets, ddp
+from helpers.parallel.data import buckets, ddp
 from helpers.programs.train_ddp import DDPConfig, train
 
 

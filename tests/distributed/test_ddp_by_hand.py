@@ -9,9 +9,9 @@ from torch import nn
 
 from helpers import launch
 from helpers.dist import Dist
-from helpers.parallel import bucketed_ddp, ddp
-from helpers.parallel.bucketed_ddp import BucketedDDP, assign_buckets, flatten, unflatten
-from helpers.parallel.overlap_ddp import OverlapDDP
+from helpers.parallel.data import bucketed_ddp, ddp
+from helpers.parallel.data.bucketed_ddp import BucketedDDP, assign_buckets, flatten, unflatten
+from helpers.parallel.data.overlap_ddp import OverlapDDP
 
 
 class Odd(nn.Module):

@@ -15,7 +15,7 @@ import pytest
 
 from helpers.cluster.job import Job
 from helpers.course.dryrun import check_jobs, find_jobs, table
-from helpers.parallel import zero
+from helpers.parallel.sharded import zero
 from helpers.programs import train_llama
 
 # 07's job as it was written before max_seq_len followed --seq-len: the tiny config's rotary
@@ -86,8 +86,8 @@ def test_a_model_that_does_not_fit_its_gpus_is_rejected(runs):
 # model on the host, then moved it to its GPU, and only then sharded it.
 OLD_BUILD = """
 from helpers.models import llama2
-from helpers.parallel import llama_parallel
-from helpers.parallel.mesh import ParallelDims
+from helpers.parallel.composed import llama_parallel
+from helpers.parallel.composed.mesh import ParallelDims
 from helpers.programs import train_llama as T
 
 def old_build(d, cfg):

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from helpers import launch
-from helpers.parallel import federated
+from helpers.parallel.data import federated
 
 
 def _model_with(value: float) -> nn.Module:

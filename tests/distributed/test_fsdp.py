@@ -12,7 +12,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from helpers import launch
 from helpers.dist import Dist
-from helpers.parallel import fsdp, memory, zero
+from helpers.parallel.sharded import fsdp, memory, zero
 
 STEPS, LR = 4, 1e-2
 

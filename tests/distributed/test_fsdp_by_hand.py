@@ -1,4 +1,4 @@
-"""FSDP from collectives (helpers.parallel.fsdp_by_hand) on real gloo ranks: it trains exactly
+"""FSDP from collectives (helpers.parallel.sharded.fsdp_by_hand) on real gloo ranks: it trains exactly
 like one process and like FSDP2, sends what ZeRO-3 sends, frees the gathered weights between
 forward and backward, and holds 16 bytes per parameter / N between steps."""
 
@@ -8,10 +8,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from helpers import launch
-from helpers.course.traffic import record_traffic
+from helpers.course.grading.recorder.traffic import record_traffic
 from helpers.dist import Dist
 from helpers.models import llama2
-from helpers.parallel import fsdp, fsdp_by_hand, memory
+from helpers.parallel.sharded import fsdp, fsdp_by_hand, memory
 
 LLAMA = llama2.config("tiny", n_layers=2, vocab_size=250)
 COLLECTIVES = ("all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce")

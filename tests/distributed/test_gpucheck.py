@@ -34,7 +34,7 @@ for _ in range(int(sys.argv[1])):
 """
 LAYOUT = """
 from helpers import dist
-from helpers.parallel.mesh import ParallelDims
+from helpers.parallel.composed.mesh import ParallelDims
 d = dist.init()
 ParallelDims(dp=-1, tp=4, world_size=d.world_size)  # tp=4: a layout for 4 GPUs
 """

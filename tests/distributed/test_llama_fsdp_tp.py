@@ -57,7 +57,7 @@ def test_weights_are_2d_sharded():
 
 def test_tp_that_does_not_divide_heads_is_refused():
     from helpers.models import llama2
-    from helpers.parallel.llama_parallel import check_tp_degree
+    from helpers.parallel.composed.llama_parallel import check_tp_degree
 
     with pytest.raises(ValueError, match="n_kv_heads"):
         check_tp_degree(llama2.CONFIGS["tiny"], 4)

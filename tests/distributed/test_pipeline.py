@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from helpers import launch
-from helpers.parallel import pipeline as PP
+from helpers.parallel.pipeline import pipeline as PP
 
 WIDTH, ROWS = 32, 16
 
@@ -107,7 +107,7 @@ def test_saved_activations_follow_the_schedule(schedule, v):
     # per micro-batch in flight, the output of each Tanh (= the next Linear's input) and its
     # received input: k + 1 tensors, k on model stage 0 (its input is a slice of the batch,
     # not counted). After B, zero bubble keeps the Linears' inputs (k) for W.
-    from helpers.parallel import schedules as S
+    from helpers.parallel.pipeline import schedules as S
 
     per_rank = launch.spawn(_memory, 4, args=(schedule, v))
     tensor = ROWS // 4 * WIDTH * 8  # bytes of one float64 activation of a micro-batch

@@ -10,7 +10,7 @@ the planner must predict each such order, and its memory within 20 % of the allo
 import pytest
 
 from helpers.course.bench import planner as bench
-from helpers.parallel import plancheck, planner
+from helpers.parallel.composed import plancheck, planner
 
 
 @pytest.fixture(scope="module")

@@ -69,7 +69,8 @@ COLLECTIVE_HELPERS = """
 import torch
 from torch import nn
 from helpers import dist, runs
-from helpers.parallel import collectives, federated
+from helpers.parallel.collectives import collectives
+from helpers.parallel.data import federated
 
 with dist.session() as d:
     demo = collectives.demo_collectives(d)

@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from helpers import launch
-from helpers.parallel import tp as TP
-from helpers.parallel import tp_inference as TI
+from helpers.parallel.tensor import tp as TP
+from helpers.parallel.tensor import tp_inference as TI
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 WORLDS = [2, 4]

@@ -1,7 +1,7 @@
 """DTensor tensor parallelism (parallelize_module) equals the hand-written layers and the
 serial model, forward and backward, on 2 and 4 gloo ranks of a "cpu" DeviceMesh (fp32, 1e-5).
 
-Both plans of helpers.parallel.tp_inference.block_plan: plain TP (ColwiseParallel,
+Both plans of helpers.parallel.tensor.tp_inference.block_plan: plain TP (ColwiseParallel,
 RowwiseParallel) and sequence parallelism (SequenceParallel norms, PrepareModuleInput,
 row-wise outputs Shard(1)).
 """
@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from helpers import launch
-from helpers.parallel import tp_inference as TI
+from helpers.parallel.tensor import tp_inference as TI
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 

@@ -5,7 +5,7 @@ the tensors of a parameter group); on the CPU to a loop over the tensors. The fo
 refuse a list that mixes DTensors (what a DTensor plan made of the sharded layers) with plain
 tensors (what it left alone), so ``AdamW(model.parameters())`` over a partly parallelized model
 crashed on every GPU (the H100 run of issue 30, 06's tp-decoder jobs) and never on CPU ranks.
-``helpers.parallel.tp.param_groups`` gives each kind its own group. These tests take the GPU's
+``helpers.parallel.tensor.tp.param_groups`` gives each kind its own group. These tests take the GPU's
 path on CPU ranks: ``foreach=True``, or torch's own default made to choose foreach as on CUDA.
 06's tp-decoder jobs themselves are checked by the dry run in the notebook's test
 (tests/notebooks/test_execute.py), whose stand-in GPU takes CUDA's foreach default.
@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 
 from helpers import launch
-from helpers.parallel import tp as TP
-from helpers.parallel import tp_inference as TI
-from helpers.parallel.memory import local_tensor
+from helpers.parallel.sharded.memory import local_tensor
+from helpers.parallel.tensor import tp as TP
+from helpers.parallel.tensor import tp_inference as TI
 
 MIXED = "got mixed torch.Tensor and DTensor"
 
@@ -47,7 +47,7 @@ def _train(d, sequence_parallel: bool, grouped: bool, foreach: bool):
 def _on_each_rank(d):
     import torch.optim.optimizer as optimizer
 
-    from helpers.parallel import tp_memory as TM
+    from helpers.parallel.tensor import tp_memory as TM
 
     out = {}
     for sp in (False, True):

@@ -1,5 +1,5 @@
 """Sequence parallelism by hand, the vocabulary split, the overlapped column layer and the
-per-rank memory of helpers.parallel.tp_{sp,vocab,async,memory}, on 2 real gloo ranks.
+per-rank memory of helpers.parallel.tensor.tp_{sp,vocab,async,memory}, on 2 real gloo ranks.
 
 Each equals the serial model (fp32, 1e-5), and runs the collectives it is written to run:
 the sequence-parallel decoder 2 all-gathers + 2 reduce-scatters per block forward and the
@@ -15,12 +15,12 @@ import torch
 from torch import nn
 
 from helpers import launch
-from helpers.parallel import tp as TP
-from helpers.parallel import tp_async as TA
-from helpers.parallel import tp_inference as TI
-from helpers.parallel import tp_memory as TM
-from helpers.parallel import tp_sp as SP
-from helpers.parallel import tp_vocab as TV
+from helpers.parallel.tensor import tp as TP
+from helpers.parallel.tensor import tp_async as TA
+from helpers.parallel.tensor import tp_inference as TI
+from helpers.parallel.tensor import tp_memory as TM
+from helpers.parallel.tensor import tp_sp as SP
+from helpers.parallel.tensor import tp_vocab as TV
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 WORLD = 2

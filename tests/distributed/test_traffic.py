@@ -1,4 +1,4 @@
-"""helpers.course.traffic on real gloo ranks: it logs p2p messages and refuses collectives.
+"""helpers.course.grading.recorder.traffic on real gloo ranks: it logs p2p messages and refuses collectives.
 
 The lab tests trust this recorder to tell a ring from a bypass, so every bypass
 the labs' wrong answers try is checked here, plus a real ring and a deadlock.
@@ -12,10 +12,12 @@ import pytest
 import torch
 import torch.distributed as tdist
 
-from helpers.course.ring_check import ring_problems, ring_send_bound
-from helpers.course.traffic import Message, record_traffic, spawn_p2p
+from helpers.course.grading.checks.ring_check import ring_problems, ring_send_bound
+from helpers.course.grading.recorder.traffic import Message, record_traffic, spawn_p2p
 from helpers.launch import RankFailure, spawn
-from helpers.parallel.collectives import ring_all_reduce  # imported BEFORE recording starts
+from helpers.parallel.collectives.collectives import (
+    ring_all_reduce,  # imported BEFORE recording starts
+)
 
 
 def ring(d, tensor):

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from helpers import launch
 from helpers.models import llama2
-from helpers.parallel.pipeline_llama import LlamaStage
+from helpers.parallel.pipeline.pipeline_llama import LlamaStage
 from helpers.programs import train_pipeline as T
 from helpers.programs.train_llama import synthetic_tokens
 

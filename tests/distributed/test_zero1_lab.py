@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from helpers import launch
-from helpers.course.grading import solution_source
-from helpers.course.traffic import record_traffic
+from helpers.course.grading.recorder.traffic import record_traffic
+from helpers.course.grading.roundtrip import solution_source
 
 LAB = Path(__file__).resolve().parents[2] / "solutions" / "lab2" / "lab2.ipynb"
 STEPS = 5

@@ -23,8 +23,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from helpers.course import grading, labs
-from helpers.course.course_dir import nbgrader
+from helpers.course.grading import labs
+from helpers.course.grading import roundtrip as grading
+from helpers.course.grading.course_dir import nbgrader
 
 ROOT = Path(__file__).resolve().parents[2]
 

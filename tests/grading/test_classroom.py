@@ -28,7 +28,7 @@ import nbformat
 import pytest
 from unixusers import searchable
 
-from helpers.course import grading
+from helpers.course.grading import roundtrip as grading
 
 ROOT = Path(__file__).resolve().parents[2]
 BLOCK = re.compile(r"<!-- run as: ([a-z, ]+) -->\s*\n```bash\n(.*?)```", re.S)
@@ -142,7 +142,7 @@ def _classroom(top: Path, users: Users) -> None:
         _check_feedback_hides_hidden_tests(users)
         _check_privacy(users, env)
         shown = _as(
-            learners[0], f"{install}/.venv/bin/python", "-m", "helpers.course.roles", "show"
+            learners[0], f"{install}/.venv/bin/python", "-m", "helpers.course.grading.roles", "show"
         )
         assert "for this user: learner" in shown.stdout, shown.stdout + shown.stderr
     finally:

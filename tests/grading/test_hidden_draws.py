@@ -1,7 +1,7 @@
 """The instructor's solution never fails: 1,000 draws of every randomised hidden test, every lab.
 
 Each lab's hidden tests draw ``HIDDEN_DRAWS`` random cases (1 when grading) and run them
-in one spawn per world size; helpers.course.draws runs the lab's own cells and its
+in one spawn per world size; helpers.course.grading.draws runs the lab's own cells and its
 solution cells in a real kernel with ``HIDDEN_DRAWS = 1000`` (no nbgrader, no
 demonstrations). A draw that fails would fail a learner's correct answer too.
 """
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers.course import labs
-from helpers.course.draws import run_draws
+from helpers.course.grading import labs
+from helpers.course.grading.draws import run_draws
 
 ROOT = Path(__file__).resolve().parents[2]
 DRAWS = 1000

@@ -1,4 +1,4 @@
-"""Unit tests of the pieces of helpers.course.labs that build fake submissions."""
+"""Unit tests of the pieces of helpers.course.grading.labs that build fake submissions."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from helpers.course import grading
+from helpers.course.grading import roundtrip as grading
 
 
 def _solution_cell(grade_id: str, source: str):

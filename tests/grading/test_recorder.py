@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as tdist
 
-from helpers.course.allocations import track_allocations
-from helpers.course.traffic import EventLog, Tamper, record_traffic
+from helpers.course.grading.recorder.allocations import track_allocations
+from helpers.course.grading.recorder.traffic import EventLog, Tamper, record_traffic
 from helpers.launch import spawn
 
 

@@ -1,6 +1,6 @@
 """The guard reads learner code before it runs: what it refuses, and what it lets through.
 
-Fast checks of helpers.course.refusals and helpers.course.guard (no kernel, no
+Fast checks of helpers.course.grading.refusals and helpers.course.grading.guard (no kernel, no
 nbgrader run). Each bypass below is one a learner looking for free marks would
 try; each honest cell is code from the labs' own solutions and must run.
 """
@@ -12,13 +12,14 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from helpers.course import grading, guard, labs
-from helpers.course.refusals import Policy
-from helpers.course.scanner import scan
+from helpers.course.grading import guard, labs
+from helpers.course.grading import roundtrip as grading
+from helpers.course.grading.refusals import Policy
+from helpers.course.grading.scanner import scan
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY = Policy(
-    lab_imports={"helpers.parallel.tp": "lab 4 asks you to write these layers"},
+    lab_imports={"helpers.parallel.tensor.tp": "lab 4 asks you to write these layers"},
     protected={"check_training", "WIDTHS"},
     lab_bindings={"torch": "torch", "tdist": "torch.distributed", "spawn": "helpers.launch.spawn"},
     programs={"lab0_shard"},
@@ -66,10 +67,12 @@ BYPASSES = {
     "unknown module": ("import my_answers", "import my_answers", True),
     "star import": ("from torch import *", "from torch import *", True),
     "file": ("open('answer.py', 'w').write('x = 1')", "open", True),
-    "lab import": ("from helpers.parallel.tp import ColumnParallelLinear", "from helpers.parallel.tp import ColumnParallelLinear", False),
-    "lab import as": ("import helpers.parallel.tp as tp", "import helpers.parallel.tp as tp", False),
-    "lab module by attribute": ("import helpers\nlayer = helpers.parallel.tp.ColumnParallelLinear", "helpers.parallel.tp.ColumnParallelLinear", False),
-    "lab module through its package": ("def f():\n    from helpers import parallel\n    return parallel.tp.RowParallelLinear", "parallel.tp.RowParallelLinear", False),
+    "lab import": ("from helpers.parallel.tensor.tp import ColumnParallelLinear", "from helpers.parallel.tensor.tp import ColumnParallelLinear", False),
+    "lab import as": ("import helpers.parallel.tensor.tp as tp", "import helpers.parallel.tensor.tp as tp", False),
+    "lab module by attribute": ("import helpers\nlayer = helpers.parallel.tensor.tp.ColumnParallelLinear", "helpers.parallel.tensor.tp.ColumnParallelLinear", False),
+    "lab module through its package": ("def f():\n    from helpers import parallel\n    return parallel.tensor.tp.RowParallelLinear", "parallel.tensor.tp.RowParallelLinear", False),
+    "lab module from its family": ("from helpers.parallel.tensor import tp", "from helpers.parallel.tensor import tp", False),
+    "lab module through its family": ("from helpers.parallel import tensor\nlayer = tensor.tp.ColumnParallelLinear", "tensor.tp.ColumnParallelLinear", False),
 }  # fmt: skip
 
 HONEST = {

@@ -11,7 +11,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from helpers.course import grading, labs
+from helpers.course.grading import labs
+from helpers.course.grading import roundtrip as grading
 
 ROOT = Path(__file__).resolve().parents[2]
 LABS = labs.lab_names(ROOT)
@@ -35,7 +36,7 @@ def test_labs_in_sync_with_solutions(lab, fresh_release):
     assert not problems, (
         "labs/ is out of date with solutions/:\n  "
         + "\n  ".join(problems)
-        + "\nRun `python -m helpers.course.labs release` and commit labs/."
+        + "\nRun `python -m helpers.course.grading.labs release` and commit labs/."
     )
 
 

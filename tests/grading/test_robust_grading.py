@@ -14,8 +14,8 @@ import copy
 import nbformat
 import pytest
 
-from helpers.course import grading
-from helpers.course.course_dir import generate, make_course, notebooks
+from helpers.course.grading import roundtrip as grading
+from helpers.course.grading.course_dir import generate, make_course, notebooks
 
 pytestmark = pytest.mark.slow
 

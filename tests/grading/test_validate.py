@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers.course import grading, labs
+from helpers.course.grading import labs
+from helpers.course.grading import roundtrip as grading
 
 ROOT = Path(__file__).resolve().parents[2]
 FIRST = labs.lab_names(ROOT)[0]
@@ -33,7 +34,9 @@ def test_solution_passes_validate(notebook):
 @pytest.mark.parametrize("notebook", SOLUTIONS, ids=str)
 def test_release_fails_validate_inverted(notebook):
     released = ROOT / "labs" / notebook.relative_to("solutions")
-    assert released.is_file(), f"{released} is missing: run `python -m helpers.course.labs release`"
+    assert released.is_file(), (
+        f"{released} is missing: run `python -m helpers.course.grading.labs release`"
+    )
     # --invert: every autograded test must fail on the untouched student version,
     # otherwise a learner gets points for nothing.
     ok, out = grading.validate(released, invert=True)

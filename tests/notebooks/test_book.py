@@ -1,4 +1,4 @@
-"""helpers.course.book on a scratch checkout: discovery, the failure report and the exit status."""
+"""helpers.course.book.runner on a scratch checkout: discovery, the failure report and the exit status."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import nbformat
 from nbformat.v4 import new_code_cell, new_notebook
 
-from helpers.course import book
+from helpers.course.book import runner as book
 
 
 def _notebook(path: Path, *sources: str) -> Path:
@@ -76,7 +76,7 @@ def test_full_mode_keeps_the_default_parameters(tmp_path, monkeypatch):
 
 def test_an_output_widget_runs_headless_its_outputs_in_the_cell(tmp_path):
     """nbclient would play the browser's part for an Output widget, writing to the kernel's
-    shell while the cell runs (the ipykernel 7 hang that helpers.course.headless explains).
+    shell while the cell runs (the ipykernel 7 hang that helpers.course.book.headless explains).
     book.execute does not: nothing is sent mid-cell, and what the widget captured is kept
     as the cell's own output, so the executed notebook still shows it."""
     src = _notebook(

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers.course import book, dryrun
-from helpers.course.labs import labs_with_jobs
+from helpers.course.book import runner as book
+from helpers.course import dryrun
+from helpers.course.grading.labs import labs_with_jobs
 
 ROOT = Path(__file__).resolve().parents[2]
 WITH_JOBS = [p.relative_to(ROOT) for p in labs_with_jobs(ROOT)]

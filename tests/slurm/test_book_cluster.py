@@ -1,4 +1,4 @@
-"""`make run` (helpers.course.book) says which Slurm it found, from what Slurm itself reports."""
+"""`make run` (helpers.course.book.runner) says which Slurm it found, from what Slurm itself reports."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.course import book
+from helpers.course.book import runner as book
 
 pytestmark = pytest.mark.slurm
 

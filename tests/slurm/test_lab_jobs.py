@@ -29,7 +29,7 @@ import pytest
 
 from helpers.cluster.slurmcli import job_state
 from helpers.course import dryrun
-from helpers.course.labs import labs_with_jobs, sbatch_cells
+from helpers.course.grading.labs import labs_with_jobs, sbatch_cells
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

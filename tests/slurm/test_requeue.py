@@ -21,7 +21,7 @@ from helpers.cluster.history import start_now
 from helpers.cluster.job import Job
 from helpers.cluster.slurmcli import job_state, run
 from helpers.config import parse
-from helpers.parallel import checkpoint
+from helpers.parallel.sharded import checkpoint
 
 pytestmark = pytest.mark.slurm
 

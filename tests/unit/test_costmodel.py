@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from helpers.parallel import costmodel
-from helpers.parallel.costmodel import AlphaBeta
+from helpers.parallel.collectives import costmodel
+from helpers.parallel.collectives.costmodel import AlphaBeta
 
 
 def test_ring_formula_values():
@@ -104,7 +104,7 @@ def test_bus_bandwidth_model_ring_flat_in_n_server_falls():
 
 
 def test_fit_sweep_recovers_the_ring_of_a_synthetic_sweep():
-    from helpers.parallel import published_comm as pub
+    from helpers.parallel.collectives import published_comm as pub
 
     n, ranks, ab = np.array(pub.SWEEP_H200["bytes"], dtype=float), 8, AlphaBeta(2e-6, 1 / 400e9)
     busbw = costmodel.bus_bandwidth_model("ring", n, ranks, ab) / pub.GB

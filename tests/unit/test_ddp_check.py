@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from helpers.course.ddp_check import message_params, order_problems, reverse_buckets
+from helpers.course.grading.checks.ddp_check import message_params, order_problems, reverse_buckets
 
 NUMELS = [55, 35, 7, 35, 5]  # TinyNet's trainable parameters, in registration order
 ARRIVAL = [4, 3, 2, 1, 0]  # the order backward makes their gradients ready

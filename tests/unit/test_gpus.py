@@ -125,7 +125,7 @@ def test_collective_timers_wait_for_the_device_before_each_clock_read(monkeypatc
     synchronize, before and after the timed call, and warm-up repeats are left out."""
     import time
 
-    from helpers.parallel import collectives as C
+    from helpers.parallel.collectives import collectives as C
 
     events = []
     monkeypatch.setattr(C, "synchronize", lambda device: events.append("sync"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers.course import hub
+from helpers.course.hub import workshop as hub
 
 
 def _settings(tmp_path, **env):

@@ -14,7 +14,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from helpers.course import kernel
+from helpers.course.book import kernel
 
 ROOT = Path(__file__).resolve().parents[2]
 

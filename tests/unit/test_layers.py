@@ -32,7 +32,7 @@ def test_the_layers_hold_here():
     "target,line,contract",
     [
         # a technique reaching up to the notebook glue: a layer violation
-        ("helpers/parallel/ddp.py", "from helpers.notebook import magics", "layered"),
+        ("helpers/parallel/data/ddp.py", "from helpers.notebook import magics", "layered"),
         # two sibling modules importing each other: a cycle
         ("helpers/launch/results.py", "from helpers.launch import pool", "no import cycles"),
         # a program's import pulling in matplotlib

@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from helpers.models import llama2
-from helpers.parallel import memory as M
+from helpers.parallel.sharded import memory as M
 
 deepspeed = pytest.importorskip("deepspeed", reason="DeepSpeed is the optional [deepspeed] extra")
 from deepspeed.runtime.zero.stage3 import (  # noqa: E402

@@ -1,9 +1,9 @@
-"""helpers.parallel.offload: the copies between host and device, and where model states live."""
+"""helpers.parallel.sharded.offload: the copies between host and device, and where model states live."""
 
 import torch
 from torch import nn
 
-from helpers.parallel.offload import HostDeviceCopies, placement
+from helpers.parallel.sharded.offload import HostDeviceCopies, placement
 
 
 def test_copies_are_counted_by_direction_and_bytes():

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from helpers.models import llama2
-from helpers.parallel import pipeline_llama as PL
+from helpers.parallel.pipeline import pipeline_llama as PL
 
 
 def test_stages_compose_to_the_whole_model():

@@ -3,8 +3,8 @@
 import pytest
 
 from helpers.models import llama2
-from helpers.parallel import planner as P
-from helpers.parallel.mesh import ParallelDims
+from helpers.parallel.composed import planner as P
+from helpers.parallel.composed.mesh import ParallelDims
 
 LLAMA_13B = P.Workload.llama(llama2.CONFIGS["13B"], seq_len=4096)
 TWO_NODES = P.CLUSTERS["2x8 A100-40GB"]
@@ -165,7 +165,7 @@ def test_cpu_ranks_sharing_cores_idle_only_while_too_few_compute():
 
 
 def test_balanced_cuts():
-    from helpers.parallel.plancost import balanced_cuts
+    from helpers.parallel.composed.plancost import balanced_cuts
 
     assert balanced_cuts([1, 1, 1, 1], 2) == (2,)
     assert balanced_cuts([1, 1, 1, 9], 2) == (3,)
@@ -175,7 +175,7 @@ def test_balanced_cuts():
 
 def test_coatnet_workload_counts_every_block_and_splits_only_attention():
     from helpers.models import coatnet
-    from helpers.parallel import coatnet_parallel as cp
+    from helpers.parallel.composed import coatnet_parallel as cp
 
     cfg = coatnet.CONFIGS["tiny"]
     w = cp.workload(cfg)

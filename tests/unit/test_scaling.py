@@ -1,11 +1,11 @@
-"""Learning-rate rules and warm-up (helpers.training.lr), scaling efficiency (helpers.parallel.scaling)."""
+"""Learning-rate rules and warm-up (helpers.training.lr), scaling efficiency (helpers.parallel.data.scaling)."""
 
 import math
 
 import pytest
 import torch
 
-from helpers.parallel.scaling import efficiency, local_batch, speedup
+from helpers.parallel.data.scaling import efficiency, local_batch, speedup
 from helpers.training.lr import scale_lr, warmup_lr, warmup_scheduler
 
 
@@ -87,7 +87,7 @@ def test_local_batch_splits_or_explains():
 
 
 def test_add_efficiency_per_mode_and_table():
-    from helpers.parallel.scaling import add_efficiency, format_table
+    from helpers.parallel.data.scaling import add_efficiency, format_table
 
     rows = [
         {"mode": "weak", "ranks": 1, "threads": 2, "local_batch": 64, "global_batch": 64,

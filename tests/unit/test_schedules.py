@@ -2,7 +2,7 @@
 
 import pytest
 
-from helpers.parallel import schedules as S
+from helpers.parallel.pipeline import schedules as S
 
 CASES = [(p, m) for p in (2, 3, 4) for m in (1, 4, 8)]
 
@@ -137,7 +137,7 @@ def test_bad_input_says_what_to_change():
 def test_simulation_fed_with_a_timeline_reproduces_it(schedule, v):
     # A "measurement" that is itself a simulation: simulate_like must find its stage times
     # and its latency again (no per-op overhead), and give the same bubble and makespan.
-    from helpers.parallel import pipeline_measure as PM
+    from helpers.parallel.pipeline import pipeline_measure as PM
 
     truth = S.simulate(
         schedule, 2, 4, tf=[1.0, 1.5], tb=[2.0, 3.0], latency=0.25, v=v, tw=[0.8, 1.0]
@@ -152,7 +152,7 @@ def test_simulation_fed_with_a_timeline_reproduces_it(schedule, v):
 def test_simulation_keeps_the_measured_box_lengths_when_ops_have_overhead(schedule, v):
     # A gap of 0.1 before every box (per-op book-keeping): the simulation must draw each
     # box as long as measured and the gap beside it, with one gap per chunk op.
-    from helpers.parallel import pipeline_measure as PM
+    from helpers.parallel.pipeline import pipeline_measure as PM
 
     meas = S.simulate(schedule, 2, 4, tf=[1.0, 1.5], tb=[2.0, 3.0], latency=0.25, v=v)
     meas.events = [e._replace(start=e.start + 0.1) for e in meas.events]
@@ -186,8 +186,8 @@ def test_orders_are_torchs(name):
     import torch.distributed as tdist
     from torch.distributed.pipelining import PipelineStage
 
-    from helpers.parallel import pipeline as PP
-    from helpers.parallel.simulate import fake_rank
+    from helpers.parallel.composed.simulate import fake_rank
+    from helpers.parallel.pipeline import pipeline as PP
 
     cls = PP.TORCH_SCHEDULES[name]
     compared = 0

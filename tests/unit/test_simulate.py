@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from helpers.models import llama2
-from helpers.parallel import planner as P
-from helpers.parallel import simulate as S
-from helpers.parallel.mesh import ParallelDims
+from helpers.parallel.composed import planner as P
+from helpers.parallel.composed import simulate as S
+from helpers.parallel.composed.mesh import ParallelDims
 
 SEED_000 = ParallelDims(dp=2, tp=2, pp=4, world_size=16, gpus_per_node=8)
 BIG = ParallelDims(dp=16, tp=8, pp=8, world_size=1024, gpus_per_node=8)

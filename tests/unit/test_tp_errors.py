@@ -4,8 +4,8 @@ which number failed (hidden size, heads, world size) and which TP sizes would wo
 import pytest
 
 from helpers import launch
-from helpers.parallel import tp as TP
-from helpers.parallel import tp_inference as TI
+from helpers.parallel.tensor import tp as TP
+from helpers.parallel.tensor import tp_inference as TI
 
 
 def test_tp_size_must_divide_the_world_size():

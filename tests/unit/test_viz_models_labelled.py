@@ -5,7 +5,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 from helpers import viz  # noqa: E402
-from helpers.parallel.costmodel import AlphaBeta  # noqa: E402
+from helpers.parallel.collectives.costmodel import AlphaBeta  # noqa: E402
 
 
 def _texts(fig) -> str:

@@ -1,4 +1,4 @@
-"""helpers.parallel.zero without ranks: the ZeRO paper's traffic per stage, the ring factors
+"""helpers.parallel.sharded.zero without ranks: the ZeRO paper's traffic per stage, the ring factors
 that turn recorded calls into bytes sent, any optimizer class, and the GPU DeepSpeed config."""
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from helpers.dist import Dist
-from helpers.parallel import zero
+from helpers.parallel.sharded import zero
 
 
 @pytest.mark.parametrize("n", [2, 4, 8])

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from helpers import launch
 from helpers.config import parse
-from helpers.parallel.collectives import measure, pingpong
-from helpers.parallel.costmodel import bus_bandwidth, fit_pingpong, predict
+from helpers.parallel.collectives.collectives import measure, pingpong
+from helpers.parallel.collectives.costmodel import bus_bandwidth, fit_pingpong, predict
 from helpers.viz.common import machine_label
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from helpers.course.scaling_study import StudyConfig, run_study
-from helpers.parallel.scaling import add_efficiency, format_table
+from helpers.parallel.data.scaling import add_efficiency, format_table
 
 
 @dataclass

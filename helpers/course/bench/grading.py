@@ -20,8 +20,8 @@ from pathlib import Path
 import nbformat
 
 from helpers.config import parse
-from helpers.course import grading
-from helpers.course.course_dir import generate, lab_names, make_course, notebooks
+from helpers.course.grading import roundtrip as grading
+from helpers.course.grading.course_dir import generate, lab_names, make_course, notebooks
 
 PARTS = """
 import time

@@ -16,9 +16,9 @@ import torch
 
 from helpers import launch
 from helpers.config import parse
-from helpers.parallel import pipeline as PP
-from helpers.parallel import pipeline_measure as PM
-from helpers.parallel import schedules as S
+from helpers.parallel.pipeline import pipeline as PP
+from helpers.parallel.pipeline import pipeline_measure as PM
+from helpers.parallel.pipeline import schedules as S
 from helpers.viz.common import machine_label
 
 

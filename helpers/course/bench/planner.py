@@ -1,6 +1,6 @@
 """``python -m helpers.course.bench planner``: the planner's predictions against 4 CPU ranks.
 
-Every layout the planner can express (helpers.parallel.layouts.TRIALS: DP, DP with
+Every layout the planner can express (helpers.parallel.composed.layouts.TRIALS: DP, DP with
 accumulation, ZeRO-3, GPipe and 1F1B pipelines, TP and the 2 x 2 hybrids) trains a small
 stack of Llama 2 blocks on 4 gloo ranks. The planner predicts each one's step time and peak
 memory per rank from this machine's rates, measured in the same run (plancheck.machine).
@@ -22,8 +22,8 @@ import torch.distributed as tdist
 from helpers import launch
 from helpers.config import parse
 from helpers.models import llama2
-from helpers.parallel import layouts, plancheck, planner
-from helpers.parallel.layouts import PROBE_BYTES, PROBE_ROWS, TRIALS, Trial
+from helpers.parallel.composed import layouts, plancheck, planner
+from helpers.parallel.composed.layouts import PROBE_BYTES, PROBE_ROWS, TRIALS, Trial
 
 __all__ = ["BenchConfig", "SMALL", "model_args", "workload", "measure", "validate", "main"]
 
@@ -53,8 +53,8 @@ def model_args(cfg: BenchConfig) -> llama2.ModelArgs:
 def saved_bytes(cfg: BenchConfig, tp: int = 1) -> int:
     """Bytes one block saves for backward on one sample, counted by autograd's saved-tensor
     hooks; tp > 1: on one rank of Megatron TP, in this process (a fake process group)."""
-    from helpers.parallel.memory import saved_activation_bytes
-    from helpers.parallel.simulate import fake_rank
+    from helpers.parallel.composed.simulate import fake_rank
+    from helpers.parallel.sharded.memory import saved_activation_bytes
 
     torch.manual_seed(0)
     layer = layouts.Layer(model_args(cfg))

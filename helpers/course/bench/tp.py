@@ -29,7 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from helpers import launch
 from helpers.config import parse
-from helpers.parallel import tp_inference as TI
+from helpers.parallel.tensor import tp_inference as TI
 from helpers.viz.common import machine_label
 
 # Links, per GPU and direction, as the all-reduce of a TP group sees them. NVLink: NCCL's

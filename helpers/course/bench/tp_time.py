@@ -29,9 +29,9 @@ from torch import nn
 from helpers import launch
 from helpers.config import parse
 from helpers.dist import synchronize
-from helpers.parallel import tp as TP
-from helpers.parallel import tp_async as TA
-from helpers.parallel import tp_inference as TI
+from helpers.parallel.tensor import tp as TP
+from helpers.parallel.tensor import tp_async as TA
+from helpers.parallel.tensor import tp_inference as TI
 from helpers.viz.common import machine_label
 
 __all__ = ["degree_sweep", "overlap_runs", "step_times"]

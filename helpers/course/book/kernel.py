@@ -7,8 +7,8 @@ run their own code. Earlier versions registered the kernel user-wide, where the
 last checkout to register it won for every other one; ``--drop-user-wide``
 removes such a leftover (a user-wide spec would shadow the venv's).
 
-    python -m helpers.course.kernel --drop-user-wide pdl-workbook
-    python -m helpers.course.kernel --where pdl-workbook    # which spec Jupyter would use
+    python -m helpers.course.book.kernel --drop-user-wide pdl-workbook
+    python -m helpers.course.book.kernel --where pdl-workbook    # which spec Jupyter would use
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def drop_user_wide(name: str = NAME) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m helpers.course.kernel")
+    ap = argparse.ArgumentParser(prog="python -m helpers.course.book.kernel")
     ap.add_argument("--drop-user-wide", metavar="NAME")
     ap.add_argument("--where", metavar="NAME")
     args = ap.parse_args(argv)

@@ -126,7 +126,7 @@ def execute(
     """
     import papermill
 
-    from helpers.course import headless
+    from helpers.course.book import headless
 
     top = _root(root)
     src = notebook if Path(notebook).is_absolute() else top / notebook

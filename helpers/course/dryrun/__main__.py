@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     dirs = args.dirs or [out / "runs"]
     if args.execute:
-        from helpers.course import book
+        from helpers.course.book import runner as book
 
         os.environ["WORKBOOK_RUNS"] = str(out / "runs")
         notebooks = book.discover(top, solutions=True, only=args.only)

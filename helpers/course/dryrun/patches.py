@@ -44,7 +44,7 @@ def _alone_patches(tdist) -> list:
     """
     import torch.distributed.checkpoint as dcp
 
-    from helpers.parallel import checkpoint
+    from helpers.parallel.sharded import checkpoint
 
     def all_gather_object(out, obj, group=None):
         out[:] = [obj] * len(out)

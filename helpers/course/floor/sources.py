@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from helpers.course.scanner import split_magic
+from helpers.course.grading.scanner import split_magic
 
 __all__ = ["ROOT", "Source", "cell_python", "workbook_sources"]
 

@@ -10,7 +10,7 @@ SPEC (JSON) says what to run and where its result goes:
   the ranks of a job or a measurement through ``helpers.course.dryrun.runner.run_ranks``,
   each rank running the probe wrapper (``probe``) so its milestones are timed;
 * ``{"kind": "notebook", "notebook", "output", "result"}``: a notebook executed by
-  ``helpers.course.book.execute`` with the ``python3`` kernel.
+  ``helpers.course.book.runner.execute`` with the ``python3`` kernel.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def _where(result: dict, program: Path) -> str:
 
 
 def run_notebook(spec: dict) -> dict:
-    from helpers.course import book
+    from helpers.course.book import runner as book
 
     res = book.execute(Path(spec["notebook"]), Path(spec["output"]), root=Path(spec["root"]),
                        kernel_name="python3", cell_timeout=spec.get("cell_timeout", 1800))  # fmt: skip

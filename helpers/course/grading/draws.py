@@ -5,7 +5,7 @@ it to 1 for grading) and run all of them in one spawn per world size. Running a 
 own cells with ``HIDDEN_DRAWS = 1000`` therefore checks 1,000 draws of every randomised
 hidden test at about the cost of one pass, in a real kernel with real ranks::
 
-    python -m helpers.course.draws lab2 --draws 1000    # prints seconds per test cell
+    python -m helpers.course.grading.draws lab2 --draws 1000    # prints seconds per test cell
 
 Only the cells grading needs are run: the lab's own cells (imports, tools, tests, with
 their hidden parts) and the solution cells; the demonstrations and the cluster cells
@@ -25,9 +25,9 @@ from pathlib import Path
 import nbformat
 from nbformat.v4 import new_code_cell
 
-from helpers.course.course_dir import _root, lab_names, notebooks
-from helpers.course.grading import solution_source
-from helpers.course.lab_policy import is_lab_cell
+from helpers.course.grading.course_dir import _root, lab_names, notebooks
+from helpers.course.grading.lab_policy import is_lab_cell
+from helpers.course.grading.roundtrip import solution_source
 
 __all__ = ["draw_notebook", "run_draws"]
 
@@ -46,7 +46,7 @@ def draw_notebook(path: Path, draws: int):
         keep.append(cell)
         if meta.get("grade_id") == "imports":
             keep.append(
-                new_code_cell(f"HIDDEN_DRAWS = {int(draws)}  # set by helpers.course.draws")
+                new_code_cell(f"HIDDEN_DRAWS = {int(draws)}  # set by helpers.course.grading.draws")
             )
     if not any(c.source.startswith("HIDDEN_DRAWS") for c in keep):
         raise ValueError(f"{path}: no locked 'imports' cell to set HIDDEN_DRAWS after")
@@ -86,7 +86,7 @@ def run_draws(lab: str, draws: int = 1000, root: Path | None = None, timeout: fl
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m helpers.course.draws", description=__doc__.split("\n")[0]
+        prog="python -m helpers.course.grading.draws", description=__doc__.split("\n")[0]
     )
     ap.add_argument("labs", nargs="*", help="default: every lab")
     ap.add_argument("--draws", type=int, default=1000)

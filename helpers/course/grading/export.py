@@ -1,6 +1,6 @@
 """``nbgrader export``'s grades CSV, with a ``refused`` column that says why a notebook lost marks.
 
-The guard (helpers.course.guard) does not run a learner cell that reaches into
+The guard (helpers.course.grading.guard) does not run a learner cell that reaches into
 the grader or imports what the lab refuses; the kernel reports a
 ``SolutionRefused`` or ``SubmissionRefused`` error instead, naming the cell, the
 line and the construct. This exporter writes nbgrader's usual columns and, beside

@@ -3,7 +3,7 @@
 nbgrader counts a test as failed only when the kernel reports an error, so a
 learner's cell that switches the tests off (an IPython AST transformer wrapping
 every later cell in ``try/except``) would score full marks. The guard reads every
-learner cell first (``helpers.course.scanner.scan``) and changes what the kernel is
+learner cell first (``helpers.course.grading.scanner.scan``) and changes what the kernel is
 sent, in ``nbgrader autograde`` and in Validate alike:
 
 * a learner cell with a refused construct is not run: the kernel gets
@@ -26,7 +26,7 @@ What each lab refuses to import is declared in ``solutions/<lab>/grading.toml``
 copy, which nbgrader puts next to every submission)::
 
     [refuse.imports]
-    "helpers.parallel.tp" = "the workbook's own column and row layers: lab 4 asks you to write them"
+    "helpers.parallel.tensor.tp" = "the workbook's own column and row layers: lab 4 asks you to write them"
 
 ``configure(c)`` in nbgrader_config.py installs the guard (nbclient's cell hooks on
 nbgrader's ``Execute``, and ``GuardLab`` before it in autograde). It also makes nbgrader
@@ -41,7 +41,7 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from helpers.course.lab_policy import (
+from helpers.course.grading.lab_policy import (
     DEMO_TAG,
     GRADING_FILE,
     is_lab_cell,
@@ -50,8 +50,8 @@ from helpers.course.lab_policy import (
     nbgrader_meta,
     policy_for,
 )
-from helpers.course.refusals import Refusal
-from helpers.course.scanner import scan
+from helpers.course.grading.refusals import Refusal
+from helpers.course.grading.scanner import scan
 
 __all__ = [
     "DEMO_TAG",
@@ -102,7 +102,7 @@ def _raise(kind: str, headline: str, lines: list[str]) -> str:
     """Code that raises ``kind`` with a message short lines long (Validate cuts long ones)."""
     wrapped = [textwrap.fill(line, 84, subsequent_indent="    ") for line in lines]
     message = "\n".join([headline, *wrapped])
-    return f"from helpers.course.refusals import {kind}\nraise {kind}({message!r})"
+    return f"from helpers.course.grading.refusals import {kind}\nraise {kind}({message!r})"
 
 
 def _cell_name(nb, index: int) -> str:

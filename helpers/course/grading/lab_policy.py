@@ -16,8 +16,8 @@ import symtable
 import tomllib
 from pathlib import Path
 
-from helpers.course.refusals import Policy
-from helpers.course.scanner import split_magic
+from helpers.course.grading.refusals import Policy
+from helpers.course.grading.scanner import split_magic
 
 __all__ = [
     "DEMO_TAG",

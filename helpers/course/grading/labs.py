@@ -4,15 +4,15 @@ A lab is a folder ``solutions/<lab>/`` holding one or more notebooks with
 nbgrader cell metadata (``<lab>/<lab>.ipynb`` by convention). Everything here
 is found by listing ``solutions/``, so a new lab needs no registration::
 
-    python -m helpers.course.labs release            # regenerate labs/ from solutions/
-    python -m helpers.course.labs check              # exit 1 if labs/ is out of date
-    python -m helpers.course.labs roundtrip lab0     # autograde three fake students, print scores
+    python -m helpers.course.grading.labs release            # regenerate labs/ from solutions/
+    python -m helpers.course.grading.labs check              # exit 1 if labs/ is out of date
+    python -m helpers.course.grading.labs roundtrip lab0     # autograde three fake students, print scores
 
 ``release`` runs ``nbgrader generate_assignment`` in a scratch course directory
 (with the checkout's ``nbgrader_config.py``), normalises the notebooks so the
 output is byte-for-byte deterministic, and replaces ``labs/<lab>/``.
 
-Grading (fake students, wrong answers, autograde) is helpers.course.grading.
+Grading (fake students, wrong answers, autograde) is helpers.course.grading.roundtrip.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from helpers.course.course_dir import (
+from helpers.course.grading.course_dir import (
     KERNEL_WRITES,
     _root,
     generate_all,
@@ -135,7 +135,7 @@ def out_of_sync(root: Path | None = None) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m helpers.course.labs", description=__doc__.split("\n")[0]
+        prog="python -m helpers.course.grading.labs", description=__doc__.split("\n")[0]
     )
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("release", help="regenerate labs/ from solutions/")
@@ -153,9 +153,9 @@ def main(argv: list[str] | None = None) -> int:
         for p in problems:
             print(p)
         if problems:
-            print("labs/ is out of date: run `python -m helpers.course.labs release`")
+            print("labs/ is out of date: run `python -m helpers.course.grading.labs release`")
         return 1 if problems else 0
-    from helpers.course.grading import roundtrip
+    from helpers.course.grading.roundtrip import roundtrip
 
     labs = [args.lab] if args.lab else lab_names()
     for lab in labs:

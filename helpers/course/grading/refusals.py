@@ -1,6 +1,6 @@
 """What a learner's code may not do: a check of its syntax tree, before any of it runs.
 
-``helpers.course.scanner.scan(source, policy)`` reads one cell and returns a
+``helpers.course.grading.scanner.scan(source, policy)`` reads one cell and returns a
 ``Refusal`` for each construct it will not run, with its line; this module holds what
 it refuses, and why. There are two kinds:
 
@@ -18,7 +18,7 @@ it refuses, and why. There are two kinds:
   that need what it defines fail.
 
 A refusal says what to change. The scan is a first line of defence: the tests
-themselves check what the messages carry (helpers.course.traffic), so a way around
+themselves check what the messages carry (helpers.course.grading.recorder.traffic), so a way around
 it still has to produce the right messages.
 """
 
@@ -41,7 +41,7 @@ class SubmissionRefused(RuntimeError):
 @dataclass(frozen=True)
 class Refusal:
     line: int  # 1-based, in the cell as the learner sees it
-    construct: str  # what was found, as written: "get_ipython", "import helpers.parallel.tp"
+    construct: str  # what was found, as written: "get_ipython", "import helpers.parallel.tensor.tp"
     why: str  # what it does, and what to do instead
     grader: bool = True  # True: reaches the grader (the whole notebook scores zero)
 

@@ -8,9 +8,9 @@ the matching server extensions, for that user only (``~/.jupyter``, or
 ``$JUPYTER_CONFIG_DIR``). The Nbgrader menu stays: it lists only the tools that are
 on, so a learner's shows "Assignment List", the one way to open it::
 
-    python -m helpers.course.roles learner       # each learner, once
-    python -m helpers.course.roles instructor    # the instructor: everything back on
-    python -m helpers.course.roles show          # what this user gets
+    python -m helpers.course.grading.roles learner       # each learner, once
+    python -m helpers.course.grading.roles instructor    # the instructor: everything back on
+    python -m helpers.course.grading.roles show          # what this user gets
 
 Nothing here changes what other users see.
 """
@@ -73,7 +73,7 @@ def disabled_plugins() -> set[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m helpers.course.roles")
+    ap = argparse.ArgumentParser(prog="python -m helpers.course.grading.roles")
     ap.add_argument("role", choices=("learner", "instructor", "show"))
     args = ap.parse_args(argv)
     if args.role != "show":

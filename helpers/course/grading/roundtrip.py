@@ -30,7 +30,7 @@ from pathlib import Path
 
 import nbformat
 
-from helpers.course.course_dir import (
+from helpers.course.grading.course_dir import (
     generate,
     generate_all,
     make_course,
@@ -58,7 +58,7 @@ def wrong_answers(lab_dir: Path) -> dict[str, dict[str, str]]:
     if not path.is_file():
         raise FileNotFoundError(
             f"{path} is missing: add plausible wrong answers for this lab "
-            "(format: see the docstring of helpers/course/grading.py)"
+            "(format: see the docstring of helpers/course/grading/roundtrip.py)"
         )
     text = path.read_text()
     answers = _ANSWER_HEADER.split(text)

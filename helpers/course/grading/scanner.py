@@ -1,4 +1,4 @@
-"""Read one learner cell's syntax tree and list what the guard will not run (helpers.course.refusals).
+"""Read one learner cell's syntax tree and list what the guard will not run (helpers.course.grading.refusals).
 
 ``scan(source, policy)`` handles the IPython layer first (a ``%%program`` cell is
 Python after its first line; a ``%%sbatch`` cell does not run under grading; other
@@ -17,7 +17,7 @@ import sys
 
 from IPython.core.inputtransformer2 import TransformerManager
 
-from helpers.course.refusals import (
+from helpers.course.grading.refusals import (
     ALLOWED_DUNDERS,
     DUNDER,
     GRADER_ATTRIBUTES,

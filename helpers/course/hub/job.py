@@ -1,9 +1,9 @@
-"""Inside a learner's JupyterLab job (the hub's sbatch script, helpers.course.hub.job_script).
+"""Inside a learner's JupyterLab job (the hub's sbatch script, helpers.course.hub.workshop.job_script).
 
-    python -m helpers.course.hub_job serve jupyterhub-singleuser
+    python -m helpers.course.hub.job serve jupyterhub-singleuser
         start the JupyterLab on a free port of the address this node reaches the hub
         from, and tell the hub that port once the server listens;
-    python -m helpers.course.hub_job prepare --course COURSE
+    python -m helpers.course.hub.job prepare --course COURSE
         fetch every released lab the learner has not fetched yet (nbgrader).
 
 ``serve`` replaces batchspawner-singleuser, which listens on every interface
@@ -96,7 +96,7 @@ def prepare(course: str, exchange: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m helpers.course.hub_job")
+    ap = argparse.ArgumentParser(prog="python -m helpers.course.hub.job")
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("serve").add_argument("command", nargs=argparse.REMAINDER)
     sub.add_parser("prepare").add_argument("--course", default="pdl-workbook")

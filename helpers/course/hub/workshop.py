@@ -11,7 +11,7 @@ which reads everything it needs from here:
                           that leaves learners the learner tools only
 
 ``python -m helpers.course.hub check`` says what would stop a class from working.
-What runs inside a learner's job is in helpers.course.hub_job.
+What runs inside a learner's job is in helpers.course.hub.job.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from urllib.parse import urlparse
 
 from helpers.cluster.jobscript import check_time
 from helpers.cluster.profiles import load_profile
-from helpers.course.roles import INSTRUCTOR_PLUGINS, INSTRUCTOR_SERVER_EXTENSIONS
+from helpers.course.grading.roles import INSTRUCTOR_PLUGINS, INSTRUCTOR_SERVER_EXTENSIONS
 
 ROLES = ("learner", "instructor")
 _USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
@@ -160,7 +160,7 @@ def job_script(settings: HubSettings, hub_id: str, venv_bin: str) -> str:
             f"export PATH={venv_bin}:/usr/local/bin:/usr/bin:/bin",
             *setup,
             "set -euo pipefail",
-            f"nice python -m helpers.course.hub_job prepare --course {settings.course} &",
+            f"nice python -m helpers.course.hub.job prepare --course {settings.course} &",
             "exec {{cmd}}",
             "",
         ]
@@ -172,7 +172,7 @@ def write_configs(settings: HubSettings, instructor: str) -> dict[str, Path]:
 
     ``all``: every hub server's nbgrader configuration (the course, the exchange, and
     JupyterHub groups deciding who takes which course). ``learner``: the same with the
-    instructor tools switched off, as ``python -m helpers.course.roles learner`` does.
+    instructor tools switched off, as ``python -m helpers.course.grading.roles learner`` does.
     """
     top = settings.state / "jupyter"
     dirs = {"all": top / "all", "learner": top / "learner"}
@@ -184,7 +184,7 @@ def write_configs(settings: HubSettings, instructor: str) -> dict[str, Path]:
             f"c.Exchange.root = {settings.exchange!r}",
             "c.Exchange.path_includes_course = True",
             "c.Authenticator.plugin_class = JupyterHubAuthPlugin",
-            "from helpers.course import guard  # Validate reads learner code as grading does",
+            "from helpers.course.grading import guard  # Validate reads learner code as grading does",
             "guard.configure(c)",
             "",
         ]
@@ -215,7 +215,7 @@ def preflight(settings: HubSettings, python: str) -> list[str]:
         return [str(e)]
     problems = []
     someone = (people["learner"] or people["instructor"])[0]
-    probe = "import jupyterhub, batchspawner, nbgrader, helpers.course.hub"
+    probe = "import jupyterhub, batchspawner, nbgrader, helpers.course.hub.workshop"
     ran = subprocess.run(["runuser", "-u", someone, "--", python, "-c", probe],
                          capture_output=True, text=True, cwd="/")  # fmt: skip
     if ran.returncode != 0:

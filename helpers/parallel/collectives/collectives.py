@@ -18,7 +18,7 @@ Ring all-reduce (seed 002) on N ranks = reduce-scatter, then all-gather::
         receives chunk (r - s) % N from rank r-1 and overwrites its own.
 
 Every step moves n/N bytes on every link at once; 2(N-1) steps in all, which is
-the cost model of ``helpers.parallel.costmodel``.
+the cost model of ``helpers.parallel.collectives.costmodel``.
 
 In each step a rank posts its send (isend) and then receives, so the send to
 the right and the receive from the left overlap, as the cost model assumes.

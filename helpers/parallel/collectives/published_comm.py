@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from helpers.parallel.costmodel import AlphaBeta, fit_pingpong
+from helpers.parallel.collectives.costmodel import AlphaBeta, fit_pingpong
 
 __all__ = ["ML_ENGINEERING", "RING_VS_RANKS", "SWEEP_H200", "SWEEP_B200", "LINKS", "fit_sweep",
            "sweep_times"]  # fmt: skip

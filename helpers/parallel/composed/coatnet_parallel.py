@@ -24,7 +24,7 @@ from torch.distributed.pipelining import PipelineStage
 
 from helpers.dist import Dist
 from helpers.models.coatnet import CoAtNet, TransformerBlock
-from helpers.parallel.pipeline import TORCH_SCHEDULES, timed
+from helpers.parallel.pipeline.pipeline import TORCH_SCHEDULES, timed
 
 __all__ = ["PoolHead", "flat", "split", "serial_step", "run_pipeline", "apply_tp", "blocks",
            "workload", "tp_traffic"]  # fmt: skip
@@ -197,7 +197,7 @@ def blocks(cfg, batch: int = 1) -> list[dict]:
 
 
 def workload(cfg, name: str = "CoAtNet", state_bytes=(4, 4, 8)):
-    """CoAtNet as the planner sees it (helpers.parallel.planner), per image, FP32 with Adam.
+    """CoAtNet as the planner sees it (helpers.parallel.composed.planner), per image, FP32 with Adam.
 
     TP splits the transformer blocks only (as ``apply_tp`` does); the stem, MBConv blocks and
     head stay whole on every TP rank, their FLOPs and activations undivided. Of a transformer
@@ -206,7 +206,7 @@ def workload(cfg, name: str = "CoAtNet", state_bytes=(4, 4, 8)):
     """
     import math
 
-    from helpers.parallel import planner
+    from helpers.parallel.composed import planner
 
     rows, out = blocks(cfg), []
     for r in rows:

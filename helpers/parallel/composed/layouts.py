@@ -4,17 +4,17 @@
     run.step()                        # this rank's share of one training step
     run.resident_bytes()              # what it holds between steps
 
-A ``Trial`` names what the planner (helpers.parallel.planner) can express: dp, tp, pp,
+A ``Trial`` names what the planner (helpers.parallel.composed.planner) can express: dp, tp, pp,
 micro-batches per replica, the pipeline schedule and the ZeRO stage. The model is a stack of
 ``Layer`` (a Llama 2 block with its rotary table: one input, so a pipeline can cut it), the
 data random inputs and targets (mean squared error), the optimizer Adam. Each technique is
 the library's where there is one: DDP (``no_sync`` while accumulating), FSDP2 ``fully_shard``
 (ZeRO-3), ``torch.distributed.pipelining`` (GPipe, 1F1B); tensor parallelism is Megatron's by
-hand (helpers.parallel.tp's layers), so that no DTensor dispatch cost, which CPU ranks would
+hand (helpers.parallel.tensor.tp's layers), so that no DTensor dispatch cost, which CPU ranks would
 pay at every operation and every optimizer step, hides what the planner models.
 
 ``Probes`` measures, with every rank busy at once, what the planner is told about the
-machine (helpers.parallel.plancheck.machine); ``allocator_peak`` reads peak memory from the
+machine (helpers.parallel.composed.plancheck.machine); ``allocator_peak`` reads peak memory from the
 CPU allocator through the profiler, as ``torch.cuda.max_memory_allocated`` does on a GPU.
 """
 
@@ -114,16 +114,16 @@ class _F(nn.Module):
         self.inner, self.group = inner, group
 
     def forward(self, x: torch.Tensor, *rest) -> torch.Tensor:
-        from helpers.parallel.tp_comm import copy_to_tp
+        from helpers.parallel.tensor.tp_comm import copy_to_tp
 
         return self.inner(copy_to_tp(x, self.group), *rest)
 
 
 def megatron_tp(block: nn.Module, group) -> nn.Module:
-    """Tensor parallelism by hand on a Llama 2 block (helpers.parallel.tp's layers): wq, wk, wv,
+    """Tensor parallelism by hand on a Llama 2 block (helpers.parallel.tensor.tp's layers): wq, wk, wv,
     w1, w3 column-parallel, wo and w2 row-parallel, one f before each half. Per forward: two
     all-reduces (g after wo and w2); per backward two more (f). The norms stay replicated."""
-    from helpers.parallel.tp import ColumnParallelLinear, RowParallelLinear
+    from helpers.parallel.tensor.tp import ColumnParallelLinear, RowParallelLinear
 
     att, ffn = block.attention, block.feed_forward
     for name in ("wq", "wk", "wv"):
@@ -154,7 +154,7 @@ class LayoutRun:
         model = nn.Sequential(*[Layer(args) for _ in range(args.n_layers)])
         part = model
         if trial.pp > 1:
-            from helpers.parallel.pipeline import cut
+            from helpers.parallel.pipeline.pipeline import cut
 
             part = cut(model, trial.pp)[self.pp_rank]
         if trial.tp > 1:
@@ -181,7 +181,7 @@ class LayoutRun:
         if trial.pp > 1:
             from torch.distributed.pipelining import PipelineStage
 
-            from helpers.parallel.pipeline import TORCH_SCHEDULES
+            from helpers.parallel.pipeline.pipeline import TORCH_SCHEDULES
 
             stage = PipelineStage(part, self.pp_rank, trial.pp, d.device,
                                   group=mesh["pp"].get_group())  # fmt: skip
@@ -224,7 +224,7 @@ class LayoutRun:
 
     def resident_bytes(self) -> int:
         """Parameters, optimizer state and DDP's gradient buckets: held between steps."""
-        from helpers.parallel.memory import _nbytes, _optimizer_tensors
+        from helpers.parallel.sharded.memory import _nbytes, _optimizer_tensors
 
         held = list(self.part.parameters()) + _optimizer_tensors(self.opt)
         if hasattr(self.part, "no_sync"):  # DDP: gradients live in its buckets

@@ -7,7 +7,7 @@
 (helpers.course.bench.planner), into a ``planner.Cluster``: the compute rate and a fixed cost
 per block (two sizes of the same forward + backward: t = cost + FLOPs / rate, alpha-beta for
 compute), the memory bandwidth the optimizer step sees, DDP's and FSDP's bookkeeping, and
-alpha and beta of the links (helpers.parallel.costmodel, fitted to all-reduces of two sizes).
+alpha and beta of the links (helpers.parallel.collectives.costmodel, fitted to all-reduces of two sizes).
 The planner predicts every layout with each round's cluster: its predictions have a spread,
 as the measurements do.
 
@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from helpers.parallel import costmodel, planner
+from helpers.parallel.collectives import costmodel
+from helpers.parallel.composed import planner
 
 __all__ = ["machines", "median_cluster", "Pair", "ranking", "ADAM_TRAFFIC"]
 

@@ -1,4 +1,4 @@
-"""The planner's rules: a layout's stages, memory per GPU and step time (helpers.parallel.planner).
+"""The planner's rules: a layout's stages, memory per GPU and step time (helpers.parallel.composed.planner).
 
 Memory of one pipeline stage on one GPU (bytes):
 

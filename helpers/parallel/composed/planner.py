@@ -27,8 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from helpers.gpus import RESERVE_GIB
-from helpers.parallel import plancost
-from helpers.parallel.mesh import ParallelDims, divisors
+from helpers.parallel.composed import plancost
+from helpers.parallel.composed.mesh import ParallelDims, divisors
 
 __all__ = ["Block", "Workload", "Cluster", "Layout", "CLUSTERS", "RECOMPUTE", "SCHEDULES",
            "evaluate", "candidates", "plan", "ties", "TIE"]  # fmt: skip

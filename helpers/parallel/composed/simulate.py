@@ -26,8 +26,8 @@ import torch
 import torch.distributed as tdist
 
 from helpers.models import llama2
-from helpers.parallel import llama_parallel
-from helpers.parallel.mesh import ParallelDims
+from helpers.parallel.composed import llama_parallel
+from helpers.parallel.composed.mesh import ParallelDims
 
 __all__ = ["fake_rank", "stage_layers", "build_stage", "rank_view", "check_layout"]
 

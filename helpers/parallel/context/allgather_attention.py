@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as tdist
 
-from helpers.parallel.online_softmax import block_attention, causal_mask
+from helpers.parallel.context.online_softmax import block_attention, causal_mask
 
 __all__ = ["GatherSequence", "allgather_attention"]
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from helpers.parallel.online_softmax import causal_mask
+from helpers.parallel.context.online_softmax import causal_mask
 
 __all__ = [
     "balanced_positions",

@@ -1,7 +1,7 @@
 """Ring attention on torch's fused attention kernels: the ring of notebook 09, GPU-worthy.
 
 Notebook 09 teaches the ring with attention written out (``q k^T``, a softmax, times ``v``:
-helpers.parallel.ring_attention), which materialises each block's [L_q, L_k] score matrix
+helpers.parallel.context.ring_attention), which materialises each block's [L_q, L_k] score matrix
 in memory and runs a handful of separate kernels. This module keeps the same ring (K/V
 blocks to the right-hand neighbour for N - 1 steps, partial results merged with their
 log-sum-exp by ``online_softmax.merge``) and computes each block with the fused kernel
@@ -56,8 +56,8 @@ import torch
 import torch.distributed as tdist
 
 from helpers import devices
-from helpers.parallel.online_softmax import merge
-from helpers.parallel.ring_attention import exchange, ring_peers
+from helpers.parallel.context.online_softmax import merge
+from helpers.parallel.context.ring_attention import exchange, ring_peers
 
 __all__ = [
     "BlockKernel",

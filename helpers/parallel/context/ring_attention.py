@@ -1,14 +1,14 @@
 """Ring attention (Liu et al. 2023): K/V blocks travel round a ring of ranks, N - 1 steps.
 
 Each of N ranks holds its queries, keys and values (a share of the sequence, see
-helpers.parallel.context_layout). Its queries need every rank's keys. Instead of gathering
+helpers.parallel.context.context_layout). Its queries need every rank's keys. Instead of gathering
 them all, the ranks pass K/V blocks to the right-hand neighbour:
 
     step 0   rank r attends to its own block r            and sends it to r + 1
     step s   rank r attends to block (r - s) % N          (received from r - 1)
     ...      after N - 1 steps every rank has seen every block, once
 
-and merges the partial results with their log-sum-exp (helpers.parallel.online_softmax).
+and merges the partial results with their log-sum-exp (helpers.parallel.context.online_softmax).
 A rank holds at most two K/V blocks at a time (the one it computes on and the one arriving),
 never the whole sequence, and with ``overlap=True`` the next block is already in flight
 (send and receive posted as one batch) while the current one is computed: a step then
@@ -31,8 +31,8 @@ import torch
 import torch.distributed as tdist
 
 from helpers import devices
-from helpers.parallel.context_layout import sub_blocks
-from helpers.parallel.online_softmax import block_attention, merge
+from helpers.parallel.context.context_layout import sub_blocks
+from helpers.parallel.context.online_softmax import block_attention, merge
 
 __all__ = ["RingAttention", "exchange", "ring_attention", "ring_peers"]
 

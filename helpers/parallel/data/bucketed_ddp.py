@@ -1,6 +1,6 @@
 """Data parallelism by hand with buckets: fewer, larger all-reduces, still overlapped.
 
-One all-reduce per parameter (helpers.parallel.overlap_ddp) pays the per-message
+One all-reduce per parameter (helpers.parallel.data.overlap_ddp) pays the per-message
 latency alpha once per tensor: a model with hundreds of small tensors (biases,
 norms) sends hundreds of tiny messages. DDP packs gradients into *buckets*:
 
@@ -30,8 +30,8 @@ import torch
 import torch.distributed as tdist
 from torch import nn
 
-from helpers.parallel.ddp import broadcast_state
-from helpers.parallel.overlap_ddp import CommEvent
+from helpers.parallel.data.ddp import broadcast_state
+from helpers.parallel.data.overlap_ddp import CommEvent
 
 __all__ = ["assign_buckets", "flatten", "unflatten", "BucketedDDP"]
 

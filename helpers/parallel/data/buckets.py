@@ -26,7 +26,7 @@ import torch.distributed as tdist
 from torch import nn
 
 from helpers.dist import Dist, synchronize
-from helpers.parallel.ddp import wrap
+from helpers.parallel.data.ddp import wrap
 
 __all__ = ["BucketEvent", "BucketRecorder", "timeline"]
 

@@ -13,7 +13,7 @@ optimizer step and the replicas stay identical:
 backward. ``torch.nn.parallel.DistributedDataParallel`` does the same with two
 optimisations: it packs gradients into buckets (fewer, larger messages) and
 starts a bucket's all_reduce as soon as its gradients are ready, while backward
-is still computing the earlier layers (overlap); helpers.parallel.buckets makes both
+is still computing the earlier layers (overlap); helpers.parallel.data.buckets makes both
 visible.
 
 All functions take the rank's ``helpers.dist.Dist`` (or a model) as an argument;

@@ -26,10 +26,10 @@ import torch.distributed as tdist
 from torch import nn
 
 from helpers.dist import Dist, synchronize
-from helpers.parallel.bucketed_ddp import BucketedDDP
-from helpers.parallel.buckets import BucketRecorder
-from helpers.parallel.ddp import broadcast_state, wrap
-from helpers.parallel.overlap_ddp import CommEvent, OverlapDDP
+from helpers.parallel.data.bucketed_ddp import BucketedDDP
+from helpers.parallel.data.buckets import BucketRecorder
+from helpers.parallel.data.ddp import broadcast_state, wrap
+from helpers.parallel.data.overlap_ddp import CommEvent, OverlapDDP
 
 __all__ = ["ROUTES", "measure"]
 

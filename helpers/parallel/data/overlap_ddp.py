@@ -1,6 +1,6 @@
 """Data parallelism by hand that overlaps: one asynchronous all-reduce per parameter.
 
-``average_gradients`` (helpers.parallel.ddp) waits for the whole backward pass and
+``average_gradients`` (helpers.parallel.data.ddp) waits for the whole backward pass and
 then sends one gradient after another. But backward produces the gradients one at
 a time, last layer first, and each can travel as soon as it exists. A
 *post-accumulate-grad hook* is called by autograd right after a parameter's
@@ -25,7 +25,7 @@ order, since collectives are matched by their order (what DDP also assumes unles
 it is told ``find_unused_parameters=True``).
 
 Each launch and completion is written to ``net.log`` (``CommEvent``), so a notebook
-can draw what was in flight during backward (helpers.parallel.ddp_timeline).
+can draw what was in flight during backward (helpers.parallel.data.ddp_timeline).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import torch
 import torch.distributed as tdist
 from torch import nn
 
-from helpers.parallel.ddp import broadcast_state
+from helpers.parallel.data.ddp import broadcast_state
 
 __all__ = ["CommEvent", "OverlapDDP"]
 

@@ -9,7 +9,7 @@
 cuts the model into p*v stages (rank r holds stages r, r+p, ... as Megatron's interleaving
 does), builds one ``PipelineStage`` per stage and torch's schedule, and returns the
 gradients of the layers this rank owns, the loss, the start/end of every forward and
-backward it ran (helpers.parallel.pipeline_measure), the bytes of activations autograd
+backward it ran (helpers.parallel.pipeline.pipeline_measure), the bytes of activations autograd
 held for backward and the bytes it sent. Loss and gradients equal the model without the
 pipeline (tests).
 
@@ -32,7 +32,7 @@ from torch.distributed.pipelining import (
 )
 
 from helpers.dist import Dist
-from helpers.parallel.pipeline_measure import (  # re-exported: 08 reads them from here
+from helpers.parallel.pipeline.pipeline_measure import (  # re-exported: 08 reads them from here
     SavedBytes,
     SentBytes,
     gaps,
@@ -42,7 +42,7 @@ from helpers.parallel.pipeline_measure import (  # re-exported: 08 reads them fr
     stage_means,
     timed,
 )
-from helpers.parallel.schedules import Op
+from helpers.parallel.pipeline.schedules import Op
 
 __all__ = ["TORCH_SCHEDULES", "mlp", "cut", "stage_of", "timed", "run_schedule",
            "run_stages", "serial_reference", "run_hybrid", "torch_order", "chunks",

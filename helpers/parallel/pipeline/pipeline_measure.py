@@ -4,7 +4,7 @@ messages; and the simulation fed with what was measured.
 * ``timed(stage, rank, events)``: the start and end of every forward (F), backward (B; the
   input gradient only in zero-bubble schedules) and weight gradient (W) a stage runs.
   ``measured_timeline`` turns those timestamps (one clock for all local processes:
-  time.perf_counter is CLOCK_MONOTONIC) into the Timeline helpers.parallel.schedules.simulate
+  time.perf_counter is CLOCK_MONOTONIC) into the Timeline helpers.parallel.pipeline.schedules.simulate
   returns, so both can be drawn side by side; ``simulate_like`` is that simulation.
 * ``SavedBytes``: the bytes of the tensors autograd saved for backward and still holds,
   over time, counted with ``torch.autograd.graph.saved_tensors_hooks`` around each forward.
@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from helpers.parallel.schedules import Event, Timeline, simulate
+from helpers.parallel.pipeline.schedules import Event, Timeline, simulate
 
 __all__ = ["timed", "SavedBytes", "SentBytes", "measured_timeline", "stage_means",
            "weight_means", "gaps", "peak_in_flight", "simulate_like"]  # fmt: skip

@@ -18,7 +18,7 @@ from collections import defaultdict
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from helpers.parallel.memory import _nbytes, _optimizer_tensors, local_tensor
+from helpers.parallel.sharded.memory import _nbytes, _optimizer_tensors, local_tensor
 
 __all__ = ["HostDeviceCopies", "placement"]
 
@@ -50,7 +50,7 @@ def placement(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer
 ) -> dict[str, dict[str, int]]:
     """Bytes of this rank's weights, gradients and optimizer state, by device type (counted as
-    ``helpers.parallel.memory.measure_states`` counts them: distinct local storages)."""
+    ``helpers.parallel.sharded.memory.measure_states`` counts them: distinct local storages)."""
     params = list(model.parameters())
     kinds = {
         "weights": params,

@@ -11,7 +11,7 @@ and what each stage sends per step.
     out = run_steps(d, model, x, y, steps=5, lr=1e-2, mode="fsdp")        # AdamW, wd 0.01
     out = run_steps(d, model, x, y, 5, 0.1, "zero1", torch.optim.SGD, momentum=0.9)
     out["losses"]  global mean loss per step      out["params"]  all parameters, flattened
-    out["states"]  bytes this rank holds (helpers.parallel.memory.measure_states)
+    out["states"]  bytes this rank holds (helpers.parallel.sharded.memory.measure_states)
 
 Every mode sees the same global batch ``x, y``; rank r trains on its 1/N slice, so all of
 them take exactly the step one process would take on the whole batch.
@@ -29,7 +29,7 @@ b bytes (Psi = P b) on N ranks, counted as a bandwidth-optimal (ring) algorithm 
     ZeRO-3 (FSDP)         3 (N-1)/N Psi   all-gather forward and backward + reduce-scatter
 
 ``step_traffic(P, N, stage)`` gives both columns; ``sent_bytes(calls, N)`` converts what a
-rank was seen putting into its collectives (helpers.course.traffic) into bytes sent.
+rank was seen putting into its collectives (helpers.course.grading.recorder.traffic) into bytes sent.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from helpers.dist import Dist
-from helpers.parallel import fsdp, memory
+from helpers.parallel.sharded import fsdp, memory
 
 __all__ = [
     "MODES",
@@ -147,7 +147,7 @@ def step_traffic(params: int, dp: int, stage: int, param_bytes: int = 4, grad_by
 
 def sent_bytes(calls, world: int) -> float:
     """Bytes a ring sends for the collectives a rank was seen calling: ``calls`` are
-    (name, bytes put in) pairs, or helpers.course.traffic.Call objects."""
+    (name, bytes put in) pairs, or helpers.course.grading.recorder.traffic.Call objects."""
     total = 0.0
     for call in calls:
         name, nbytes = (call.name, call.bytes) if hasattr(call, "name") else call

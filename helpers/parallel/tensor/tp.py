@@ -14,7 +14,7 @@ maths of seed 004 (``Y = X A`` with ``A = W^T`` of shape [in, out]):
 
 Megatron's conjugate operators f (identity forward, all-reduce backward) and g (all-reduce
 forward, identity backward), the gather/scatter pair and the ``CommLog`` that counts bytes
-live in helpers.parallel.tp_comm (picotron's split: layers here, communications there).
+live in helpers.parallel.tensor.tp_comm (picotron's split: layers here, communications there).
 ``param_groups`` gives an optimizer a DTensor model's parameters in groups it can step on a GPU.
 """
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from helpers.parallel.tp_comm import (
+from helpers.parallel.tensor.tp_comm import (
     Comm,
     CommLog,
     copy_to_tp,
@@ -180,7 +180,7 @@ class ParallelMLP(nn.Module):
     """Megatron's MLP pairing: fc1 column (no gather), activation, fc2 row: one all-reduce
     forward (g after fc2) and one backward (f before fc1).
 
-    ``mlp`` is any module with ``fc1``, ``act`` and ``fc2`` (helpers.parallel.tp_inference.MLP).
+    ``mlp`` is any module with ``fc1``, ``act`` and ``fc2`` (helpers.parallel.tensor.tp_inference.MLP).
     """
 
     def __init__(self, mlp: nn.Module, group=None, log=None, name="mlp"):

@@ -36,8 +36,8 @@ import torch.distributed as tdist
 from torch import nn
 
 from helpers.dist import synchronize
-from helpers.parallel.tp import ColumnParallelLinear
-from helpers.parallel.tp_comm import SEQ, CommLog, tp_rank_size
+from helpers.parallel.tensor.tp import ColumnParallelLinear
+from helpers.parallel.tensor.tp_comm import SEQ, CommLog, tp_rank_size
 
 __all__ = ["AsyncColumnParallelLinear", "column_parallel"]
 

@@ -6,7 +6,7 @@
     mlp:    fc1 Linear(dim, hidden), GeLU, fc2 Linear(hidden, dim)
 
 ``shard_decoder(model, group)`` swaps every block's attention and MLP for the hand-written
-ParallelAttention and ParallelMLP of helpers.parallel.tp: each rank of the TP group keeps
+ParallelAttention and ParallelMLP of helpers.parallel.tensor.tp: each rank of the TP group keeps
 n_heads / N heads and hidden / N MLP features. Embedding, norms and head stay replicated.
 
 The key-value cache holds, for every layer, the keys and values of the tokens seen so far,
@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers.parallel.tp import (
+from helpers.parallel.tensor.tp import (
     CommLog,
     ParallelAttention,
     ParallelMLP,

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers.parallel.memory import local_tensor, measure_states
+from helpers.parallel.sharded.memory import local_tensor, measure_states
 
 __all__ = [
     "LAYOUTS",
@@ -110,8 +110,8 @@ def saved_bytes(fn, *args, exclude: nn.Module | None = None) -> int:
 
 
 def _build(d, cfg, layout: str):
-    from helpers.parallel import tp_inference as TI
-    from helpers.parallel import tp_sp
+    from helpers.parallel.tensor import tp_inference as TI
+    from helpers.parallel.tensor import tp_sp
 
     model = TI.tiny_decoder(cfg)
     if d.world_size == 1:
@@ -129,9 +129,9 @@ def _build(d, cfg, layout: str):
 def measure_rank(d, cfg, batch: int, seq: int, layout: str) -> dict[str, float]:
     """On every rank of a TP group: bytes this rank holds after one AdamW step (parameters,
     gradients, optimizer states) and the bytes all the blocks save for backward (activations)."""
-    from helpers.parallel import tp_inference as TI
-    from helpers.parallel import tp_sp
-    from helpers.parallel.tp import param_groups
+    from helpers.parallel.tensor import tp_inference as TI
+    from helpers.parallel.tensor import tp_sp
+    from helpers.parallel.tensor.tp import param_groups
 
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, cfg.vocab, (batch, seq + 1), generator=g)

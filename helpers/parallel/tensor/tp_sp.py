@@ -26,9 +26,9 @@ import torch
 import torch.distributed as tdist
 from torch import nn
 
-from helpers.parallel.tp import ColumnParallelLinear, RowParallelLinear, check_tp_size
-from helpers.parallel.tp_async import column_parallel
-from helpers.parallel.tp_comm import CommLog, gather_from_sp, split_to_sp, tp_rank_size
+from helpers.parallel.tensor.tp import ColumnParallelLinear, RowParallelLinear, check_tp_size
+from helpers.parallel.tensor.tp_async import column_parallel
+from helpers.parallel.tensor.tp_comm import CommLog, gather_from_sp, split_to_sp, tp_rank_size
 
 __all__ = [
     "SequenceParallelAttention",
@@ -84,7 +84,7 @@ class SequenceParallelMLP(nn.Module):
 
 def shard_decoder_sp(model: nn.Module, group=None, log: CommLog | None = None,
                      overlap: bool = True) -> nn.Module:  # fmt: skip
-    """Make a helpers.parallel.tp_inference.Decoder tensor- and sequence-parallel in place.
+    """Make a helpers.parallel.tensor.tp_inference.Decoder tensor- and sequence-parallel in place.
 
     The embedding stays replicated; the first block keeps this rank's tokens (its input's
     gradient is all-gathered back); the final norm gathers the sequence again (its gradient

@@ -29,8 +29,8 @@ import torch
 import torch.distributed as tdist
 from torch import nn
 
-from helpers.parallel.tp import check_divides
-from helpers.parallel.tp_comm import CommLog, reduce_from_tp, tp_rank_size
+from helpers.parallel.tensor.tp import check_divides
+from helpers.parallel.tensor.tp_comm import CommLog, reduce_from_tp, tp_rank_size
 
 __all__ = ["VocabParallelEmbedding", "vocab_parallel_cross_entropy", "vocab_range"]
 

@@ -1,6 +1,6 @@
 """How a hand-written DDP works (lab 6's "by hand" checks), from what its ranks streamed.
 
-``run_cases`` runs the learner's wrapper on real ranks under helpers.course.ddp_watch (one
+``run_cases`` runs the learner's wrapper on real ranks under helpers.course.grading.checks.ddp_watch (one
 spawn for several cases) and returns, per case, what each rank returned, its events of the
 first step in the order they happened, and what its all-reduces carried. The checks:
 
@@ -13,7 +13,7 @@ first step in the order they happened, and what its all-reduces carried. The che
         exactly its parameters' gradients, on every rank
     reverse_buckets(numels, itemsize, cap)  the bucket assignment the lab asks for
 
-``want`` is ``helpers.course.ddp_watch.single_process(world, steps, lr)``; the per-parameter
+``want`` is ``helpers.course.grading.checks.ddp_watch.single_process(world, steps, lr)``; the per-parameter
 DDP is checked with buckets of one parameter each.
 """
 
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from helpers.course.ddp_watch import HOLD_S, TinyNet, single_process, train_watched
-from helpers.course.events import EventLog
+from helpers.course.grading.checks.ddp_watch import HOLD_S, TinyNet, single_process, train_watched
+from helpers.course.grading.recorder.events import EventLog
 from helpers.launch import spawn
 
 __all__ = [

@@ -14,7 +14,7 @@ different), hands it to the learner's wrapper and trains a few SGD steps, while:
   0 inside backward until rank 1 joins: rank 1 then reports that it waited in vain.
 
 ``single_process`` is what every rank must end with. The grader's side is
-helpers.course.ddp_check.
+helpers.course.grading.checks.ddp_check.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from helpers.course import events
-from helpers.course.traffic import Tamper, record_traffic
+from helpers.course.grading.recorder import events
+from helpers.course.grading.recorder.traffic import Tamper, record_traffic
 
 __all__ = ["HOLD_S", "TinyNet", "single_process", "train_watched"]
 

@@ -6,7 +6,7 @@ carries streamed to the grading process as it happens when an ``EventLog`` is op
 With ``tamper=fn`` it changes each outgoing message on its way (the neighbour receives
 ``fn(tensor)``), so the grader can check that the result moves exactly as the maths says:
 a ring whose result ignores its messages fails. While it runs, the workbook's own
-context-parallel code (helpers.parallel.online_softmax, context_layout, ring_attention,
+context-parallel code (helpers.parallel.context.online_softmax, context_layout, ring_attention,
 fused_ring_attention, allgather_attention) is switched off, and torch's fused attention kernels are refused: the
 lab asks for both by hand (and lab 7's grading.toml refuses importing them).
 
@@ -46,16 +46,16 @@ import torch.distributed as tdist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from helpers import standin
-from helpers.course.events import EventLog
-from helpers.course.traffic import Tamper, Traffic, record_traffic
-from helpers.parallel import (
+from helpers.course.grading.recorder.events import EventLog
+from helpers.course.grading.recorder.traffic import Tamper, Traffic, record_traffic
+from helpers.parallel.context import (
     allgather_attention,
     context_layout,
     fused_ring_attention,
     online_softmax,
     ring_attention,
 )
-from helpers.parallel.online_softmax import attention, causal_mask
+from helpers.parallel.context.online_softmax import attention, causal_mask
 
 __all__ = [
     "AnswerRefused",

@@ -1,6 +1,6 @@
 """What a ring all-reduce's recorded traffic must look like (lab 1's "by hand" checks).
 
-``ring_problems`` reads one rank's ``Traffic`` (helpers.course.traffic) and says,
+``ring_problems`` reads one rank's ``Traffic`` (helpers.course.grading.recorder.traffic) and says,
 in words a learner can act on, why it is not a ring: messages to or from the
 wrong neighbour, too many elements sent, or too few received.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from helpers.course.traffic import Traffic
+from helpers.course.grading.recorder.traffic import Traffic
 
 __all__ = ["ring_problems", "ring_send_bound"]
 

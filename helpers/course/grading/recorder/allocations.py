@@ -13,7 +13,7 @@ keeps a weak reference to it::
     mem.peak_bytes   # the most bytes of such storages alive at once
 
 Views and in-place results of older tensors are not new; the model's parameters
-made before the block are not counted. ``helpers.course.traffic.record_traffic``
+made before the block are not counted. ``helpers.course.grading.recorder.traffic.record_traffic``
 uses the same bookkeeping (``memory=True``) and streams each allocation to the
 grading process.
 """

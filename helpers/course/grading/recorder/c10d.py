@@ -1,4 +1,4 @@
-"""What the traffic recorder knows about torch.distributed's operators (helpers.course.traffic).
+"""What the traffic recorder knows about torch.distributed's operators (helpers.course.grading.recorder.traffic).
 
 Every torch.distributed operation ends up as one operator of the ``c10d`` namespaces in
 PyTorch's dispatcher. These tables name them the way a learner knows them, and two
@@ -83,7 +83,7 @@ def _raising_code(name: str, exercise: str):
     key = f"{exercise}\0{name}"
     if key not in _RAISING:
         message = (
-            f"{exercise} must be your own code: helpers.parallel.collectives.{name} "
+            f"{exercise} must be your own code: helpers.parallel.collectives.collectives.{name} "
             "(notebook 02's ready-made version) is switched off while it is tested."
         )
         # A code object of its own (no closure, builtins only), so it can replace the
@@ -96,8 +96,8 @@ def _raising_code(name: str, exercise: str):
 
 @contextlib.contextmanager
 def refuse_workbook_collectives(exercise: str) -> Iterator[None]:
-    """Make helpers.parallel.collectives' all-reduces raise, however they were imported."""
-    from helpers.parallel import collectives
+    """Make helpers.parallel.collectives.collectives' all-reduces raise, however they were imported."""
+    from helpers.parallel.collectives import collectives
 
     saved = []
     for name in _WORKBOOK_COLLECTIVES:

@@ -1,6 +1,6 @@
 """The recorder's events, streamed from the ranks to the grading process as they happen.
 
-A rank's recorder (helpers.course.traffic) lives in the same process as the
+A rank's recorder (helpers.course.grading.recorder.traffic) lives in the same process as the
 learner's code, so its lists could be changed after the fact. While an
 ``EventLog`` is open in the grading process (the notebook's kernel), every
 recorder of every rank sends each event down a socket to it the moment it

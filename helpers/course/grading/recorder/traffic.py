@@ -16,18 +16,18 @@ as one operator of the ``c10d`` namespaces in PyTorch's dispatcher. A
 logged as messages, any other one raises ``CollectiveRefused`` before it runs
 (unless ``allow`` names it). An allowed collective is logged with the bytes this
 rank put in (``traffic.calls``). The workbook's own ready-made all-reduces
-(helpers.parallel.collectives) are refused too.
+(helpers.parallel.collectives.collectives) are refused too.
 
 Beyond the rank's own lists, which the learner's code could reach:
 
-* with an ``EventLog`` open in the grading process (helpers.course.events), every
+* with an ``EventLog`` open in the grading process (helpers.course.grading.recorder.events), every
   event is also streamed there as it happens; tests grade that copy, so
   changing the rank's lists afterwards changes nothing, and a recorder that was
   switched off leaves fewer events than the maths requires;
 * ``content=True`` streams what each send and each collective contribution held;
-* ``tamper=Tamper(...)`` changes one message on its way (helpers.course.tamper);
+* ``tamper=Tamper(...)`` changes one message on its way (helpers.course.grading.recorder.tamper);
 * ``memory=True`` counts the tensor bytes allocated inside the recording
-  (helpers.course.allocations): ``traffic.peak_bytes``, ``traffic.kept_bytes``.
+  (helpers.course.grading.recorder.allocations): ``traffic.peak_bytes``, ``traffic.kept_bytes``.
 """
 
 from __future__ import annotations
@@ -41,17 +41,17 @@ from dataclasses import dataclass, field
 import torch.distributed as tdist
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
-from helpers.course import events
-from helpers.course.allocations import Allocations
-from helpers.course.c10d import (
+from helpers.course.grading.recorder import events
+from helpers.course.grading.recorder.allocations import Allocations
+from helpers.course.grading.recorder.c10d import (
     C10D_NAMESPACES,
     FRIENDLY,
     P2P,
     named_p2p,
     refuse_workbook_collectives,
 )
-from helpers.course.events import EventLog
-from helpers.course.tamper import Tamper, contribution, substitute
+from helpers.course.grading.recorder.events import EventLog
+from helpers.course.grading.recorder.tamper import Tamper, contribution, substitute
 from helpers.launch import RankFailure, spawn
 
 __all__ = [
@@ -212,7 +212,7 @@ def record_traffic(
         ``traffic.collectives`` (e.g. ``("all_reduce",)``).
     exercise: how refusal messages name the code under test.
     content: also stream what each send and each allowed collective carried.
-    tamper: change one message on its way (helpers.course.tamper.Tamper).
+    tamper: change one message on its way (helpers.course.grading.recorder.tamper.Tamper).
     memory: count the tensor bytes allocated inside (peak_bytes, kept_bytes).
     Raises RuntimeError at exit if the recording was switched off from inside.
     """

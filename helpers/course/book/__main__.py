@@ -1,0 +1,5 @@
+import sys
+
+from helpers.course.book.runner import main
+
+sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from helpers.course.hub.workshop import main
+
+sys.exit(main())
