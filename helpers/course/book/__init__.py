@@ -3,6 +3,6 @@
     python -m helpers.course.book run [--smoke] [--only PATTERN]
 
 runner.py discovers and executes the notebooks and prints the table; headless.py is the
-papermill engine it runs them with; kernel.py installs the notebooks' Jupyter kernel
-(``python -m helpers.course.book.kernel``, run by ``make setup``).
+papermill engine it runs them with; kernel.py checks the notebooks' Jupyter kernel, which
+``make setup`` installs inside the venv (``python -m helpers.course.book.kernel``).
 """

@@ -3,5 +3,5 @@
 traffic.py records a rank's collectives and messages (c10d.py: torch.distributed's
 operators), streams each event to the grading process (events.py), changes a message on
 its way (tamper.py), and counts the bytes a rank allocates (allocations.py). Every lab's
-tests use it, and notebooks 04, 08 and 09 show traffic with it.
+tests use it, and notebooks 04 and 09 show a rank's traffic with it.
 """
