@@ -77,3 +77,10 @@ def allocator_stats(device: torch.device):
     where the caller must count tensors itself (the CPU, and the stand-in GPU, whose tensors
     hold host memory)."""
     return torch.cuda if device.type == "cuda" else None
+
+
+def repeats(n: int) -> int:
+    """How many timed repeats a benchmark should make: ``n``, or 1 on the dry run's stand-in
+    GPU, whose clock measures nothing real (fake or CPU-backed kernels). The check needs each
+    path once; repeating a ring of fake kernels only costs the check its time."""
+    return 1 if standin.mode() else n
