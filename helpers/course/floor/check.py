@@ -161,18 +161,30 @@ class _Installed:
         except Exception:  # a module that does not import here (another platform's)
             return False
 
+    def defined_at(self, path: list[str]) -> str:
+        """'module.name' where the function or class at ``path`` is defined here ('' if unknown):
+        ``torch.distributed.checkpoint.load`` is ``...checkpoint.state_dict_loader.load``."""
+        try:
+            obj = self._resolve(path)
+            return f"{obj.__module__}.{obj.__qualname__}"
+        except Exception:  # not found, or no module (a C function)
+            return ""
+
+    def _resolve(self, path: list[str]):
+        for cut in range(len(path), 0, -1):
+            if ".".join(path[:cut]) in self.modules:
+                break
+        obj = importlib.import_module(".".join(path[:cut]))
+        for part in path[cut:]:
+            obj = getattr(obj, part)
+        return obj
+
     def accepts(self, path: list[str], keyword: str) -> bool:
         """Does the function or class at ``path`` take ``keyword`` here?"""
         import inspect
 
-        for cut in range(len(path), 0, -1):
-            if ".".join(path[:cut]) in self.modules:
-                break
         try:
-            obj = importlib.import_module(".".join(path[:cut]))
-            for part in path[cut:]:
-                obj = getattr(obj, part)
-            return keyword in inspect.signature(obj).parameters
+            return keyword in inspect.signature(self._resolve(path)).parameters
         except Exception:  # not found, or no signature (a C function): not checked
             return False
 
@@ -278,7 +290,9 @@ def check(sources: list[Source], floor: floor_release.Release | None = None) -> 
             bare.extend((s, line, n, file) for n in rest)
         bare.extend((s, line, n, file) for line, n in reader.bare)
         for line, path, keywords in reader.calls:
-            known = floor.params.get(path[-1])
+            # the floor's keywords of the function defined where this torch defines it; else of
+            # every function of that name (a "**" among them then hides a keyword)
+            known = floor.params.get(now.defined_at(path)) or floor.params.get(path[-1])
             module_level = ".".join(path[:-1]) in now.modules  # a method's keywords are not read
             for k in keywords if module_level and known and "**" not in known else ():
                 if k not in known and now.accepts(path, k):

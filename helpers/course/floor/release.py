@@ -276,10 +276,11 @@ def release_from_sources(trees: dict[str, tuple[ast.Module, bool]], version: str
     attributes = set().union(
         *(attribute_names(t) | _used(t) for t, _ in trees.values()), *modules.values()
     )
-    params: dict[str, set[str]] = {}
+    params: dict[str, set[str]] = {}  # by name, and by the module that defines it
     for m, (t, _) in trees.items():
         for name, names in parameters(t, m).items():
             params.setdefault(name, set()).update(names)
+            params[f"{m}.{name}"] = set(names)
     return Release(modules, attributes, version, params)
 
 
