@@ -106,7 +106,7 @@ def environment(nproc: int = 4) -> dict:
         "torch": torch.__version__,
         "cpu cores available": cores,
         "GPUs visible": gpus,
-        "backend ranks will use": "nccl" if gpus else "gloo",
+        "backend of torchrun programs": "nccl" if gpus else "gloo",  # as dist.init() picks
         f"threads per rank with {nproc} ranks": threads_per_rank(nproc, cores),
         "distributed available": torch.distributed.is_available(),
     }
