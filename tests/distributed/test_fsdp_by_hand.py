@@ -181,3 +181,20 @@ def test_units_must_cover_the_model():
     model = _odd()
     with pytest.raises(ValueError, match=r"in no unit: \['head.weight'\]"):
         fsdp_by_hand.shard_model(Dist(), model, [model.emb, model.block])
+
+
+def test_a_unit_without_linear_or_embedding_has_no_shard():
+    """A unit of norms only (Llama's final norm) gives the optimizer no empty parameter that no
+    gradient reaches, and computes in its parameters' dtype (it took fp32 from an empty shard)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4)).double()
+    names = [n for n, _ in model.named_parameters()]
+    fsdp_by_hand.shard_model(Dist(), model, [model[0], model[1]])
+    out = model(torch.randn(3, 4, dtype=torch.float64))
+    out.sum().backward()
+    assert out.dtype == torch.float64
+    assert model[1].shard is None
+    assert all(
+        p.numel() > 0 and p.grad is not None for p in model.parameters()
+    )  # every one trained
+    assert sorted(fsdp_by_hand.full_state_dict(model)) == sorted(names)

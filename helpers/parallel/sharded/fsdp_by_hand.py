@@ -3,7 +3,9 @@
 Each *unit* (a module: a decoder block, the embedding, the output layer) flattens the
 weights of its Linear and Embedding layers into one fp32 vector, pads it to a multiple of
 the N ranks, and keeps only its 1/N slice: the **master shard**, the one parameter the
-optimizer sees. Norms stay whole on every rank (replicated). Around the unit:
+optimizer sees (a unit with no Linear or Embedding, a final norm say, has no shard at all:
+its ``shard`` is None, so the optimizer never sees an empty parameter that no gradient reaches).
+Norms stay whole on every rank (replicated). Around the unit:
 
     forward    all-gather every rank's shard, cast to the compute dtype (bf16)
                -> compute with views of the full vector -> drop it (freed)
@@ -72,10 +74,15 @@ class ShardedUnit(nn.Module):
         self.numels = [p.numel() for _, p in owned]
         self.chunk = math.ceil(sum(self.numels) / world)  # every rank's slice has this length
         # the master shard keeps the parameters' own dtype (fp32; float64 in the exact tests)
-        flat = torch.cat([p.detach().reshape(-1) for _, p in owned] or [torch.zeros(0)])
-        flat = nn.functional.pad(flat, (0, self.chunk * world - flat.numel()))  # equal slices
-        self.shard = nn.Parameter(flat[rank * self.chunk : (rank + 1) * self.chunk].clone())
-        self.dtype = compute_dtype or flat.dtype  # None: compute in the parameters' dtype
+        self.shard: nn.Parameter | None = None  # a unit of norms only has nothing to shard
+        if owned:
+            flat = torch.cat([p.detach().reshape(-1) for _, p in owned])
+            flat = nn.functional.pad(flat, (0, self.chunk * world - flat.numel()))  # equal slices
+            self.shard = nn.Parameter(flat[rank * self.chunk : (rank + 1) * self.chunk].clone())
+        dtypes = [p.dtype for p in inner.parameters()]
+        self.dtype = compute_dtype or (
+            owned[0][1].dtype if owned else dtypes[0] if dtypes else torch.float32
+        )
         for name in self.names:  # the unit keeps no full copy: forward supplies it
             path, _, attr = name.rpartition(".")
             del inner.get_submodule(path)._parameters[attr]
@@ -176,10 +183,12 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     for prefix, unit in model.named_modules():
         if not isinstance(unit, ShardedUnit):
             continue
-        full = unit.shard.detach().clone()
-        if unit.world > 1:
-            full = torch.empty(unit.chunk * unit.world, dtype=full.dtype, device=full.device)
-            compat.all_gather_single(full, unit.shard.detach(), group=unit.group)
-        weights = {**unit.weights(full), **unit.replicated} if unit.names else unit.replicated
+        weights = dict(unit.replicated)
+        if unit.names:
+            full = unit.shard.detach().clone()
+            if unit.world > 1:
+                full = torch.empty(unit.chunk * unit.world, dtype=full.dtype, device=full.device)
+                compat.all_gather_single(full, unit.shard.detach(), group=unit.group)
+            weights.update(unit.weights(full))
         out.update({f"{prefix}.{n}": t.detach().clone() for n, t in weights.items()})
     return out
