@@ -1,0 +1,101 @@
+"""Figures of notebook 10 (expert parallelism): the load per expert, balance and drops over
+training runs, all-to-all time against the bytes, and the explorer of E, k, N and capacity."""
+
+from __future__ import annotations
+
+from helpers.viz.common import new_figure
+
+
+def plot_load(loads: dict, cap: int | None, measured_on: str | None, title: str):
+    """One bar chart per routing: assignments per expert, and the capacity as a dashed line.
+    loads: {name: [count per expert]}."""
+    fig, axes = new_figure(title, measured_on, ncols=len(loads), width=4.2)
+    for ax, (name, load) in zip(axes, loads.items(), strict=True):
+        load = [int(c) for c in load]
+        ax.bar(
+            range(len(load)),
+            load,
+            color=["tab:red" if cap and c > cap else "tab:blue" for c in load],
+        )
+        if cap:
+            ax.axhline(cap, color="k", ls="--", lw=1, label=f"capacity {cap}")
+            ax.legend(fontsize=7)
+        ax.axhline(sum(load) / len(load), color="0.5", lw=1, ls=":")
+        ax.set_xlabel("expert")
+        ax.set_ylabel("token assignments")
+        ax.set_title(name, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def plot_balance(runs: dict, measured_on: str):
+    """Left: the busiest expert's load over the mean, per step; right: the task loss, per step.
+    runs: {name: [RunResult per seed]} (one line per seed)."""
+    fig, (ax_i, ax_l) = new_figure("balancing: load of the busiest expert, and the task loss",
+                                   measured_on, ncols=2)  # fmt: skip
+    colours = ["0.3", "tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple"]
+    for (name, results), colour in zip(runs.items(), colours, strict=False):
+        for i, r in enumerate(results):
+            ratio = [max(s) / (sum(s) / len(s)) for s in r.load]
+            ax_i.plot(ratio, color=colour, alpha=0.6, label=name if i == 0 else None)
+            ax_l.plot(r.loss, color=colour, alpha=0.6, label=name if i == 0 else None)
+    ax_i.set_xlabel("step")
+    ax_i.set_ylabel("busiest expert / mean load")
+    ax_l.set_xlabel("step")
+    ax_l.set_ylabel("task loss (MSE)")
+    ax_l.set_yscale("log")
+    for ax in (ax_i, ax_l):
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def plot_a2a_time(sizes: list, seconds: list, fit, measured_on: str):
+    """All-to-all time against the bytes a rank sends, and the fitted alpha + beta n."""
+    fig, (ax,) = new_figure("one all_to_all_single: time against bytes", measured_on)
+    ax.loglog(sizes, [1e3 * s for s in seconds], "o", label="measured (median)")
+    alpha, beta = fit
+    ax.loglog(sizes, [1e3 * (alpha + beta * n) for n in sizes], "--", label="alpha + beta n")
+    ax.set_xlabel("bytes a rank sends")
+    ax.set_ylabel("ms")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def explorer(draw, tokens: int = 4096):
+    """Sliders for E, k, N, the capacity factor and the skew: the load per expert with its
+    capacity, the drops, and the bytes each rank sends each rank. draw: routing_draw."""
+    import ipywidgets as W
+    import matplotlib.pyplot as plt
+    from IPython.display import display
+
+    wide = {"style": {"description_width": "initial"}}
+    n_experts = W.Dropdown(options=[8, 16, 32, 64], value=16, description="experts E", **wide)
+    k = W.IntSlider(value=2, min=1, max=8, description="top-k", **wide)
+    ranks = W.Dropdown(options=[1, 2, 4, 8], value=4, description="EP ranks N", **wide)
+    factor = W.FloatSlider(
+        value=1.25, min=0.5, max=4.0, step=0.25, description="capacity factor", **wide
+    )
+    skew = W.FloatSlider(value=1.0, min=0.0, max=3.0, step=0.25, description="router skew", **wide)
+    verdict = W.HTML()
+
+    def show(n_experts, k, ranks, factor, skew):
+        k = min(k, n_experts)
+        res = draw(tokens, n_experts, k, ranks, factor, skew)
+        fig = plot_load({f"E = {n_experts}, top-{k}": res["load"].tolist()}, res["capacity"], None,
+                        f"{tokens:,} tokens on {ranks} ranks")  # fmt: skip
+        plt.show()
+        sent = res["bytes"].sum(1)
+        away = sent - res["bytes"].diagonal()
+        verdict.value = (f"dropped <b>{int(res['drops'].sum()):,}</b> of {tokens * k:,} assignments "
+                         f"({float(res['drops'].sum()) / (tokens * k):.1%}); busiest expert "
+                         f"{int(res['load'].max()):,} vs mean {tokens * k / n_experts:,.0f}; the busiest rank "
+                         f"sends {float(away.max()) / 2**20:.1f} MiB away per all-to-all (dim 4096, bf16)")  # fmt: skip
+        return fig
+
+    out = W.interactive_output(show, {"n_experts": n_experts, "k": k, "ranks": ranks,
+                                      "factor": factor, "skew": skew})  # fmt: skip
+    box = W.VBox([W.HBox([n_experts, k, ranks]), W.HBox([factor, skew]), verdict, out])
+    display(box)
+    return box
