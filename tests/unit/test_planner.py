@@ -149,9 +149,12 @@ def test_a_pipeline_runs_at_its_slowest_stage():
 
 
 def test_gpipe_keeps_every_micro_batch_1f1b_at_most_pp():
+    from dataclasses import replace
+
     kw = dict(dp=1, tp=2, pp=8, recompute="none", micro_batch=1)
-    gpipe = P.evaluate(LLAMA_13B, TWO_NODES, 64, schedule="gpipe", **kw)
-    one_f = P.evaluate(LLAMA_13B, TWO_NODES, 64, schedule="1f1b", **kw)
+    blocks_only = replace(LLAMA_13B, logits_bytes=0.0)  # the last stage's logits aside
+    gpipe = P.evaluate(blocks_only, TWO_NODES, 64, schedule="gpipe", **kw)
+    one_f = P.evaluate(blocks_only, TWO_NODES, 64, schedule="1f1b", **kw)
     assert gpipe.memory["activations"] == pytest.approx(64 / 8 * one_f.memory["activations"])
     assert gpipe.step_time == pytest.approx(one_f.step_time)  # the same bubble
 
@@ -184,3 +187,22 @@ def test_coatnet_workload_counts_every_block_and_splits_only_attention():
     transformer = sum(d for d, k in zip(cfg.depths[1:], cfg.kinds, strict=True) if k == "T")
     assert sum(b.tp for b in w.blocks) == transformer and all(b.tp_bytes for b in w.blocks if b.tp)
     assert coatnet.CONFIGS["CoAtNet-7"].stage_names() == ["S1", "S2", "S3-MBConv", "S3-TFM", "S4"]
+
+
+def test_one_activation_formula_and_the_logits_on_the_last_stage():
+    from helpers.models import llama2
+
+    w = P.Workload.llama(llama2.CONFIGS["13B"], 4096)
+    b = w.blocks[0]
+    assert b.act_bytes == P.activation_bytes(5120, 4096)["block"] == 34 * 4096 * 5120
+    assert w.logits_bytes == 4096 * 32000 * 4  # fp32 logits: 0.52 GB a sequence
+    no_sp = P.Workload.llama(llama2.CONFIGS["13B"], 4096, sequence_parallel=False)
+    assert no_sp.blocks[0].act_replicated == 10 * 4096 * 5120
+    c = P.Cluster(nodes=1, gpus_per_node=8, gpu_memory_gb=1e4)
+    lay = P.evaluate(w, c, 16, dp=1, tp=2, pp=4, micro_batch=1)
+    stage_bytes = [g * 1e9 for g in lay.stage_gb]
+    # 1F1B: stage s holds pp - s micro-batches; the last holds one, plus its logits
+    act = 10 * b.act_bytes / 2  # 10 layers a stage, split by tp = 2
+    assert stage_bytes[3] - stage_bytes[2] == pytest.approx(w.logits_bytes - act, rel=1e-6)
+    blocks = P.Workload.llama(llama2.CONFIGS["13B"], 4096, embeddings=False)
+    assert blocks.logits_bytes == 0

@@ -15,9 +15,12 @@ as the measurements do.
 and round k of b ran one after the other, under the same load, so the ratio of their times
 in each round is what the load disturbs least. A measured order is decisive when every
 round orders the pair the same way (the ratio's whole spread stays on one side of 1);
-otherwise the pair is a measured tie. Likewise a pair is a predicted tie when its
-predictions from different rounds disagree on the order, or lie within ``planner.TIE``. A
-decisive measured order that the planner predicts decisively the other way is a violation.
+otherwise the pair is a measured tie. A pair is a predicted tie by the rule the planner
+applies to GPU plans (``planner.ties``) and nothing else: its predicted ratio (the median over
+the rounds' rates) lies within ``band`` of 1 (``planner.TIE``, 5 %). A decisive measured order
+that the planner predicts outside the band the other way round is a violation.
+``ratio_error`` is how far a predicted ratio is from the measured one: the error a tie band
+has to cover, which a common factor in every step time does not enter.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import numpy as np
 from helpers.parallel.collectives import costmodel
 from helpers.parallel.composed import planner
 
-__all__ = ["machines", "median_cluster", "Pair", "ranking", "ADAM_TRAFFIC"]
+__all__ = ["machines", "median_cluster", "Pair", "ranking", "errors", "ADAM_TRAFFIC"]
 
 ADAM_TRAFFIC = 28  # bytes an fp32 Adam step reads and writes per parameter (w, g, m, v; w, m, v)
 
@@ -101,18 +104,42 @@ class Pair:
         """Every round ordered a and b the same way: the ratio's spread excludes 1."""
         return self.high < 1 or self.low > 1
 
+    def tie(self, band: float = planner.TIE) -> bool:
+        """The planner's own rule: predicted within ``band`` of each other."""
+        return abs(self.predicted - 1) <= band
+
     @property
     def predicted_tie(self) -> bool:
-        """The planner cannot order them: within TIE, or its rounds' rates disagree."""
-        spread = self.predicted_low <= 1 <= self.predicted_high
-        return spread or abs(self.predicted - 1) <= planner.TIE
+        return self.tie()
+
+    def wrong(self, band: float = planner.TIE) -> bool:
+        """A decisive measured order that the planner, outside ``band``, predicts the other way."""
+        if not self.decisive or self.tie(band):
+            return False
+        return (self.predicted < 1) != (self.measured < 1)
 
     @property
     def violation(self) -> bool:
-        """A decisive measured order that the planner predicts the other way round."""
-        if not self.decisive or self.predicted_tie:
-            return False
-        return (self.predicted < 1) != (self.measured < 1)
+        return self.wrong()
+
+    @property
+    def ratio_error(self) -> float:
+        """|predicted ratio / measured ratio - 1|: what a tie band must cover."""
+        return abs(self.predicted / self.measured - 1)
+
+
+def errors(rows: list[dict], pairs: list[Pair]) -> dict:
+    """The check's error figures: step times (|predicted / measured - 1| per layout, median and
+    worst, and the median signed one: a common factor), the ratios of the decisive pairs
+    (median and worst) and the band that would have made every wrong order a tie."""
+    step = sorted(abs(r["predicted_s"] / r["measured_s"] - 1) for r in rows)
+    signed = float(np.median([r["predicted_s"] / r["measured_s"] - 1 for r in rows]))
+    decisive = [p for p in pairs if p.decisive]
+    ratio = sorted(p.ratio_error for p in decisive) or [0.0]
+    wrong = [abs(p.predicted - 1) for p in decisive if (p.predicted < 1) != (p.measured < 1)]
+    return {"step_median": float(np.median(step)), "step_worst": step[-1], "step_signed": signed,
+            "ratio_median": float(np.median(ratio)), "ratio_worst": ratio[-1],
+            "band_needed": max(wrong, default=0.0)}  # fmt: skip
 
 
 def ranking(names: list[str], predicted, rounds) -> list[Pair]:

@@ -10,7 +10,7 @@ Memory of one pipeline stage on one GPU (bytes):
                  pipeline (gradient accumulation runs one micro-batch at a time), m with GPipe,
                  pp - stage with 1F1B; TP splits what it shards (all of it with sequence
                  parallelism); full recomputation keeps each block's input and rebuilds one
-                 block at a time
+                 block at a time; the last stage adds the loss's fp32 logits (Workload.logits_bytes)
 
 Step time (seconds), per micro-batch on a stage: compute (FLOPs / (peak x efficiency), plus a
 fixed cost per block; full recomputation runs the forward twice: x 4/3; DDP's bookkeeping once
@@ -104,6 +104,8 @@ def _stage_memory(w, lay, blocks, s: int) -> dict:
         )
     else:
         act = in_flight * lay.micro_batch * sum(_act(b, lay.tp) for b in blocks)
+    if s == lay.pp - 1:  # the loss's fp32 logits, whole on every TP rank (the plan gathers them)
+        act += in_flight * lay.micro_batch * w.logits_bytes
     largest = max(b.params / _split(b, lay.tp) for b in blocks)
     return {
         "weights": wb * local / shard[3],

@@ -13,6 +13,7 @@ convolutions, then expensive attention) are costed by the same rules (``plancost
     memory per GPU = the largest stage's states (weights, gradients, optimizer: divided by tp
                      for the blocks TP splits, by dp as far as the ZeRO stage shards them)
                      + micro-batches in flight x their activations (GPipe m, 1F1B pp - stage)
+                     + on the last stage, the loss's fp32 logits of the micro-batches in flight
     step time      = (m + pp - 1) x the slowest stage's time per micro-batch
                      (compute, TP's all-reduces, PP's sends)  + what DP's traffic leaves exposed
 
@@ -31,7 +32,7 @@ from helpers.parallel.composed import plancost
 from helpers.parallel.composed.mesh import ParallelDims, divisors
 
 __all__ = ["Block", "Workload", "Cluster", "Layout", "CLUSTERS", "RECOMPUTE", "SCHEDULES",
-           "evaluate", "candidates", "plan", "ties", "TIE"]  # fmt: skip
+           "evaluate", "candidates", "plan", "ties", "TIE", "activation_bytes"]  # fmt: skip
 
 GB = 1e9
 RECOMPUTE = ("none", "full")  # "selective" (Korthikanti et al.) = "none" with flash attention
@@ -62,6 +63,7 @@ class Workload:
     seq_len: int  # tokens per sample (for an image model: tokens of its transformer stages)
     heads: int  # TP must divide them (the kv heads)
     state_bytes: tuple[float, float, float] = (2, 2, 12)  # weights, grads, optimizer per param
+    logits_bytes: float = 0.0  # per sample, held by the last stage only (the loss's fp32 logits)
 
     @property
     def params(self) -> float:
@@ -77,16 +79,19 @@ class Workload:
 
     @classmethod
     def llama(cls, args, seq_len: int = 4096, name: str = "Llama 2", act_bytes=None,
-              act_replicated: float = 0.0, bytes_per_value: int = 2, state_bytes=(2, 2, 12),
-              embeddings: bool = True) -> Workload:  # fmt: skip
+              act_replicated=None, bytes_per_value: int = 2, state_bytes=(2, 2, 12),
+              embeddings: bool = True, sequence_parallel: bool = True) -> Workload:  # fmt: skip
         """Llama 2 in mixed precision with Adam, layers of equal cost.
 
         FLOPs: 6 per parameter per token, plus the attention scores as a causal kernel computes
-        them, 6 L d S (half of PaLM's 12 L d S: the masked half is skipped). Activations: 34 s h
-        bytes per layer with sequence parallelism and flash attention (Korthikanti et al. 2022,
-        2-byte values), all split by TP; or ``act_bytes`` counted, of which TP leaves
-        ``act_replicated`` whole (without sequence parallelism: the norms). The embedding and output weights are spread evenly over
-        the layers (``embeddings=False``: a stack of blocks only, as the CPU validation runs).
+        them, 6 L d S (half of PaLM's 12 L d S: the masked half is skipped). Activations: one
+        formula everywhere, ``activation_bytes``: Korthikanti et al.'s 34 s h per layer (2-byte
+        values, flash attention), all split by TP with sequence parallelism, 10 s h of it whole
+        on every TP rank without; plus, on the last pipeline stage, the fp32 logits the loss
+        keeps (S x vocabulary x 4 bytes per sample; not split by TP: the plan gathers them).
+        ``act_bytes``/``act_replicated`` override the formula (a count of your own). The
+        embedding and output weights are spread evenly over the layers (``embeddings=False``: a
+        stack of blocks only, as the CPU validation runs: no embedding, no logits).
         """
         from dataclasses import replace
 
@@ -99,11 +104,28 @@ class Workload:
         matmul = outer + (args.vocab_size * args.dim if embeddings else 0) / args.n_layers
         flops = 6 * matmul * seq_len + 6 * args.dim * seq_len * seq_len
         value = seq_len * args.dim * bytes_per_value  # one (S, dim) activation
-        act = 34 * seq_len * args.dim * bytes_per_value / 2 if act_bytes is None else act_bytes
+        formula = activation_bytes(args.dim, seq_len, bytes_per_value, sequence_parallel)
+        act = formula["block"] if act_bytes is None else act_bytes
+        whole = formula["replicated"] if act_replicated is None else act_replicated
         block = Block(params=outer + shared / args.n_layers, flops=flops, act_bytes=act,
                       out_bytes=value, tp_bytes=2 * value, tp_messages=2,
-                      act_replicated=act_replicated)  # fmt: skip
-        return cls(name, (block,) * args.n_layers, seq_len, args.kv_heads, tuple(state_bytes))
+                      act_replicated=whole)  # fmt: skip
+        logits = seq_len * args.vocab_size * 4 if embeddings else 0.0
+        return cls(name, (block,) * args.n_layers, seq_len, args.kv_heads, tuple(state_bytes),
+                   logits)  # fmt: skip
+
+
+def activation_bytes(dim: int, seq_len: int, bytes_per_value: int = 2,
+                     sequence_parallel: bool = True) -> dict:  # fmt: skip
+    """The planner's one activation formula, per layer and sample (Korthikanti et al. 2022,
+    flash attention: no s^2 term): 34 s h bytes at 2 bytes a value; without sequence
+    parallelism 10 s h of it (the norms' and dropout's share) stays whole on every TP rank."""
+    per_value = bytes_per_value / 2
+    block = 34 * seq_len * dim * per_value
+    return {
+        "block": block,
+        "replicated": 0.0 if sequence_parallel else 10 * seq_len * dim * per_value,
+    }
 
 
 @dataclass(frozen=True)
