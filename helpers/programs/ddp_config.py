@@ -45,6 +45,8 @@ class DDPConfig:
     # fsdp: FSDP2 fully_shard (each rank holds 1/N of the weights; checkpoints are sharded)
     sync: str = field(default="ddp", metadata={"choices": ("ddp", "manual", "none", "fsdp")})
     set_epoch: bool = True
+    # steps between host synchronisations: losses copied to the host, clock read, stop agreed
+    log_every: int = 10
     seed: int = 0
     checkpoint: str = ""  # rank 0 saves the final model here
     evaluate: bool = True

@@ -18,8 +18,13 @@ Preemption-safe: with ``--ckpt-dir DIR`` the program checkpoints every
 ``--ckpt-every`` steps (helpers.parallel.sharded.checkpoint), resumes by itself from the
 newest checkpoint in DIR (with the same number of ranks: the data position is saved
 in batches per rank), and on SIGUSR1 or SIGTERM (Slurm's warning, a requeue,
-torchrun stopping its ranks) checkpoints at the next step and exits 0 without
-writing metrics. With ``--deterministic true`` a resumed run ends with the same
+torchrun stopping its ranks) checkpoints at the next log point and exits 0 without
+writing metrics.
+
+The loop never waits for the device inside a step: each step's loss stays on the device
+and comes to the host every ``--log-every`` steps, in one copy (helpers.training.step_log),
+where the clock is read and the ranks agree on a stop (``loss.item()`` every step would
+make the host wait for the GPU every step). With ``--deterministic true`` a resumed run ends with the same
 parameters, bit for bit, as an uninterrupted one (same world size and threads).
 """
 
@@ -46,6 +51,7 @@ from helpers.runs import write_metrics
 from helpers.training import lr as lr_rules
 from helpers.training.loop import autocast, evaluate, phase
 from helpers.training.resume import NoPreemption, Preemption
+from helpers.training.step_log import StepLog
 
 __all__ = ["DDPConfig", "deterministic", "train", "main"]
 
@@ -105,6 +111,7 @@ def train(d: dist.Dist, cfg: DDPConfig) -> dict:
         "final_loss": float(curve[-5:].mean()),  # smoothed over the last steps
         "samples_per_s": global_batch * log["timed_steps"] / max(float(timing[0]), 1e-9),
         "steps": len(log["losses"]),
+        "host_syncs": log["host_syncs"],  # times the loop waited for the device: ~steps / log_every
         # max |w_rank - w_rank0|: 0.0 when replicas agree (FSDP has one sharded copy)
         "replica_spread": ddp.replica_spread(model) if replicas else 0.0,
         # Bit-level fingerprint of the final weights: equal digests = identical runs.
@@ -188,12 +195,14 @@ def _resume(d: dist.Dist, cfg: DDPConfig, net, opt, sched) -> checkpoint.Checkpo
     return ckpt
 
 
-def _save(d, cfg, net, opt, sched, log: dict, position: dict) -> None:
+def _save(d, cfg, net, opt, sched, log: dict, steps: StepLog, position: dict) -> None:
+    steps.flush()  # the losses so far are part of the checkpoint
     checkpoint.save(
         cfg.ckpt_dir, log["step"], net, opt, d, data=position, keep=cfg.keep,
         extra={"scheduler": sched.state_dict()},
-        rank_state={k: log[k] for k in ("losses", "lrs", "resumed_at")},
+        rank_state={"losses": steps.losses, "lrs": log["lrs"], "resumed_at": log["resumed_at"]},
     )  # fmt: skip
+    steps.restart_clock()  # a save is not a step: not timed
 
 
 def _batches(loader, cfg, epoch: int, ckpt, first: bool):
@@ -213,21 +222,23 @@ def _batches(loader, cfg, epoch: int, ckpt, first: bool):
 
 
 def _train_epochs(d, cfg, loader, net, opt, sched, manual: bool, ckpt, stop) -> dict:
-    """The data-parallel loop; each phase is a named range for the profiler and nsys."""
+    """The data-parallel loop; each phase is a named range for the profiler and nsys.
+
+    The host waits for the device only every ``cfg.log_every`` steps (and at a checkpoint):
+    there the losses come to the host, the clock is read and the ranks agree on a stop.
+    """
     # This rank's loss per step (averaged over ranks at the end), restored on resume.
-    log = {"losses": [], "lrs": [], "resumed_at": [], "step": 0, "preempted": False}
+    log = {"lrs": [], "resumed_at": [], "step": 0, "preempted": False}
     if ckpt is not None:
         log.update(ckpt.rank_state, step=ckpt.step)
         log["resumed_at"] = [*log["resumed_at"], ckpt.step]
-    timed_steps, elapsed, done_here = 0, 0.0, 0
+    steps = StepLog(cfg.log_every, log.pop("losses", []))
     first_epoch = ckpt.data["epoch"] if ckpt is not None else 0
     for epoch in range(first_epoch, cfg.epochs):
         batches, offset, gen_state = _batches(loader, cfg, epoch, ckpt, epoch == first_epoch)
         for i, (x, y) in enumerate(batches, start=offset):
             if cfg.max_steps and i >= cfg.max_steps:
                 break
-            dist.synchronize(d.device)  # queued GPU work is not done: wait before the clock
-            t = time.perf_counter()
             x, y = x.to(d.device), y.to(d.device)
             opt.zero_grad(set_to_none=True)
             with phase("forward"), autocast(d.device, _amp(d, cfg)):
@@ -241,29 +252,33 @@ def _train_epochs(d, cfg, loader, net, opt, sched, manual: bool, ckpt, stop) -> 
             with phase("optimizer"):
                 opt.step()
                 sched.step()
-            log["losses"].append(loss.item())  # .item() waits for the device
+            steps.record(loss)  # stays on the device: no wait here
             log["step"] += 1
-            done_here += 1
-            if done_here > 1:  # this process's first step pays one-off costs (DDP setup)
-                elapsed += time.perf_counter() - t
-                timed_steps += 1
             _inject_faults(d, cfg, log["step"], resumed=ckpt is not None)
             position = {"epoch": epoch, "offset": i + 1, "generator": gen_state}
-            if stop.requested(d):  # every rank agrees, so all save the same step
-                _save(d, cfg, net, opt, sched, log, position)
+            saving = cfg.ckpt_dir and cfg.ckpt_every and log["step"] % cfg.ckpt_every == 0
+            if not (steps.due() or saving):
+                continue
+            steps.flush()  # the host waits for the device here, every log_every steps
+            if steps.due() and stop.requested(d):  # every rank agrees, so all save one step
+                _save(d, cfg, net, opt, sched, log, steps, position)
                 dist.print0(f"stopped by {stop.received} after step {log['step']}: "
                             f"checkpoint in {cfg.ckpt_dir}, exiting to be requeued")  # fmt: skip
-                return {**log, "preempted": True}
-            if cfg.ckpt_dir and cfg.ckpt_every and log["step"] % cfg.ckpt_every == 0:
-                _save(d, cfg, net, opt, sched, log, position)
-        if cfg.verbose and log["losses"]:
-            dist.print0(
-                f"epoch {epoch}: last loss {log['losses'][-1]:.3f}, lr {log['lrs'][-1]:.3g}"
-            )
+                return {**log, "losses": steps.losses, "preempted": True}
+            if saving:
+                _save(d, cfg, net, opt, sched, log, steps, position)
+        steps.flush()
+        if cfg.verbose and steps.losses:
+            dist.print0(f"epoch {epoch}: last loss {steps.losses[-1]:.3f}, lr {log['lrs'][-1]:.3g}")
     saved = cfg.ckpt_every and log["step"] % cfg.ckpt_every == 0
     if cfg.ckpt_dir and not saved:  # a requeued run that had finished resumes here and stops
-        _save(d, cfg, net, opt, sched, log, {"epoch": cfg.epochs, "offset": 0})
-    return {**log, "elapsed": elapsed, "timed_steps": timed_steps}
+        _save(d, cfg, net, opt, sched, log, steps, {"epoch": cfg.epochs, "offset": 0})
+    timing = {
+        "elapsed": steps.elapsed,
+        "timed_steps": steps.timed_steps,
+        "host_syncs": steps.flushes,
+    }
+    return {**log, "losses": steps.losses, **timing}
 
 
 def _amp(d: dist.Dist, cfg: DDPConfig) -> str:

@@ -4,6 +4,11 @@
 
 # === wrong: forgets_to_divide
 # %% cell: average_gradients
+def broadcast_parameters(d, model: nn.Module) -> None:
+    for t in [*model.parameters(), *model.buffers()]:
+        tdist.broadcast(t.data, src=0)
+
+
 def average_gradients(d, model: nn.Module) -> None:
     # The classic mistake: sum the gradients and forget to divide by the number of ranks.
     # Replicas still stay identical, but every step is world_size times too large.
@@ -11,6 +16,38 @@ def average_gradients(d, model: nn.Module) -> None:
         if p.grad is None:
             continue
         tdist.all_reduce(p.grad)
+
+# === wrong: no_broadcast
+# %% cell: average_gradients
+def broadcast_parameters(d, model: nn.Module) -> None:
+    # Trusts the seeds: every rank is assumed to have drawn the same weights. Replicas that
+    # drew their own weights then train apart for ever (averaged gradients, different starts).
+    pass
+
+
+def average_gradients(d, model: nn.Module) -> None:
+    for p in model.parameters():
+        if p.grad is None:
+            continue
+        tdist.all_reduce(p.grad)
+        p.grad /= d.world_size
+
+# === wrong: broadcast_from_the_last_rank
+# %% cell: average_gradients
+def broadcast_parameters(d, model: nn.Module) -> None:
+    # One start for every rank, but the wrong one: the last rank's weights, not rank 0's.
+    # The replicas agree with each other; they do not start where rank 0 (the one that
+    # loaded the checkpoint, or whose seed the run reports) started.
+    for t in [*model.parameters(), *model.buffers()]:
+        tdist.broadcast(t.data, src=d.world_size - 1)
+
+
+def average_gradients(d, model: nn.Module) -> None:
+    for p in model.parameters():
+        if p.grad is None:
+            continue
+        tdist.all_reduce(p.grad)
+        p.grad /= d.world_size
 
 # === wrong: calls_the_library
 # %% cell: ring_all_reduce
@@ -168,6 +205,11 @@ def ring_all_reduce_(d, tensor: torch.Tensor) -> None:
 # Only the deciding cases catch it: it assumes every parameter has a gradient. Right for
 # every visible model; the hidden tests always include a frozen layer (p.grad is None).
 # %% cell: average_gradients
+def broadcast_parameters(d, model: nn.Module) -> None:
+    for t in [*model.parameters(), *model.buffers()]:
+        tdist.broadcast(t.data, src=0)
+
+
 def average_gradients(d, model: nn.Module) -> None:
     for p in model.parameters():
         tdist.all_reduce(p.grad)
