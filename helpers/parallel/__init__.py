@@ -6,6 +6,7 @@
     pipeline/     pipeline stages and their schedules                            (notebook 05)
     tensor/       tensor (and sequence) parallelism, Megatron-style              (notebook 06)
     context/      context parallelism: ring and all-gather attention             (notebook 09)
+    expert/       expert parallelism: a mixture of experts, all-to-all dispatch  (notebook 10)
     composed/     families combined: meshes, plans for Llama 2 and CoAtNet,
                   the layout planner                                          (notebooks 07, 08)
 

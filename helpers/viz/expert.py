@@ -77,7 +77,7 @@ def explorer(draw, tokens: int = 4096):
     factor = W.FloatSlider(
         value=1.25, min=0.5, max=4.0, step=0.25, description="capacity factor", **wide
     )
-    skew = W.FloatSlider(value=1.0, min=0.0, max=3.0, step=0.25, description="router skew", **wide)
+    skew = W.FloatSlider(value=0.3, min=0.0, max=2.0, step=0.1, description="router skew", **wide)
     verdict = W.HTML()
 
     def show(n_experts, k, ranks, factor, skew):
