@@ -1,0 +1,64 @@
+"""nbgrader's step that grades a lab: ``GradeInSandbox`` in place of ``Execute``.
+
+``nbgrader_config.py`` puts it where nbgrader's ``Execute`` was, in autograde and in
+Validate, so both give the verdict the grader computed (``run.grade``) and nbgrader stays
+the instructor's tool for everything else (assign, collect, autograde's scores and
+gradebook, feedback, export). No kernel runs the notebook: the learner's code runs only
+in the sandbox (``helpers.course.grading.sandbox``), started once per grading process and
+shared by every notebook it grades.
+"""
+
+from __future__ import annotations
+
+import atexit
+from pathlib import Path
+
+from nbgrader.preprocessors import NbGraderPreprocessor
+
+from helpers.course.grading.grader.run import grade
+
+__all__ = ["GradeInSandbox", "configure", "shared_pool"]
+
+_POOL = []
+
+
+def shared_pool():
+    """The grading process's sandbox pool (started on first use, ended at exit)."""
+    if not _POOL:
+        from helpers.course.grading.sandbox.pool import SandboxPool
+
+        pool = SandboxPool()
+        atexit.register(pool.close)
+        _POOL.append(pool)
+    return _POOL[0]
+
+
+class GradeInSandbox(NbGraderPreprocessor):
+    """Write every code cell's outputs from the grader's verdict (see the module docstring)."""
+
+    def preprocess(self, nb, resources):
+        path = Path(resources.get("metadata", {}).get("path") or ".")
+        outputs = grade(nb, path, shared_pool())
+        count = 0
+        for i, cell in enumerate(nb.cells):
+            if cell.cell_type != "code":
+                continue
+            cell.outputs = outputs.get(i, [])
+            count += 1
+            cell.execution_count = count if i in outputs else None
+        return nb, resources
+
+
+def configure(c) -> None:
+    """Put GradeInSandbox in place of Execute in autograde and Validate (nbgrader config ``c``)."""
+    from nbgrader.converters.autograde import Autograde
+    from nbgrader.preprocessors import Execute
+    from nbgrader.validator import Validator
+
+    def swap(steps):
+        return [GradeInSandbox if step is Execute else step for step in steps]
+
+    c.Autograde.autograde_preprocessors = swap(
+        Autograde.class_traits()["autograde_preprocessors"].default()
+    )
+    c.Validator.preprocessors = swap(Validator.class_traits()["preprocessors"].default())
