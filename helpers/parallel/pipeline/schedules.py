@@ -19,8 +19,11 @@ its ops one after the other, and an op starts once its inputs exist (the previou
 stage's forward output, the next stage's gradient, each arriving ``latency`` after it
 was sent). Two quantities are both called "the bubble"; with equal stages (seed 000):
 
-    bubble overhead  idle / useful time           = (p-1)/m           (Timeline.overhead)
-    bubble fraction  idle / (p x makespan)        = (p-1)/(m+p-1)     (Timeline.bubble)
+    bubble overhead  idle / useful time           = (p-1)/m           (Timeline.overhead; Megatron-LM's form)
+    bubble fraction  idle / (p x makespan)        = (p-1)/(m+p-1)     (Timeline.bubble; GPipe's form)
+
+(Megatron-LM, Narayanan et al. 2021, calls its (p-1)/m the "bubble time fraction"; GPipe, Huang
+et al. 2019, calls its (K-1)/(M+K-1) the "bubble overhead": quote the formula, not the name.)
 
 and makespan (m+p-1)(tf+tb), speedup m*p/(m+p-1); interleaving v virtual stages per rank
 divides the idle time by v. The interleaved orders are torch's (ScheduleInterleaved1F1B,
