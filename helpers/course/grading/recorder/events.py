@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["ENV", "EventLog", "EventSender", "Recording"]
+__all__ = ["ENV", "EventLog", "EventSender", "Recording", "active_log", "relay_markers", "route"]
 
 ENV = "WB_EVENT_LOG"
 _HEAD = struct.Struct("!II")  # header length, payload length
@@ -75,6 +75,27 @@ def sender(label: str) -> EventSender | None:
 
 
 _SEQ = [0]  # recordings opened by this process, in order
+_ACTIVE: list[EventLog] = []  # the EventLogs open (entered) in this process, innermost last
+
+
+_ROUTE: list = []  # where a rank's markers go when its process group is the relay
+
+
+def active_log() -> EventLog | None:
+    """The EventLog open in this process (the relay's switch logs into it), or None."""
+    return _ACTIVE[-1] if _ACTIVE else None
+
+
+def route(open_markers) -> None:
+    """Send this rank's recording markers to ``open_markers(label, content, allow, tamper,
+    api)`` (helpers.course.grading.relay.backend.connect calls this; it returns a sender,
+    or None when the relay is not this rank's process group)."""
+    _ROUTE[:] = [open_markers]
+
+
+def relay_markers(label: str, content: bool, allow, tamper, api):
+    """A sender of markers on the relay, or None when the rank's group is not the relay."""
+    return _ROUTE[0](label, content, allow, tamper, api) if _ROUTE else None
 
 
 @dataclass
@@ -184,10 +205,15 @@ class EventLog:
             rec = self._event(rec, event)
         self._open[conn] = (buf, rec)
 
+    def begin(self, rank: int, label: str, seq: int) -> Recording:
+        """A new recording of ``rank`` (the relay's switch opens them for the ranks)."""
+        rec = Recording(rank, label, seq)
+        self._recordings.append(rec)
+        return rec
+
     def _event(self, rec: Recording | None, event: dict) -> Recording | None:
         if event["kind"] == "open" and rec is None:
-            rec = Recording(event["rank"], event["label"], event["seq"])
-            self._recordings.append(rec)
+            rec = self.begin(event["rank"], event["label"], event["seq"])
         elif rec is not None and event["kind"] == "close":
             rec.closed = True
         elif rec is not None:
@@ -198,9 +224,12 @@ class EventLog:
     def __enter__(self) -> EventLog:
         self._saved_env = os.environ.get(ENV)
         os.environ[ENV] = self.address
+        _ACTIVE.append(self)
         return self
 
     def __exit__(self, *exc) -> None:
+        if self in _ACTIVE:
+            _ACTIVE.remove(self)
         if self._saved_env is None:
             os.environ.pop(ENV, None)
         else:

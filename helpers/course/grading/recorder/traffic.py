@@ -28,6 +28,13 @@ Beyond the rank's own lists, which the learner's code could reach:
 * ``tamper=Tamper(...)`` changes one message on its way (helpers.course.grading.recorder.tamper);
 * ``memory=True`` counts the tensor bytes allocated inside the recording
   (helpers.course.grading.recorder.allocations): ``traffic.peak_bytes``, ``traffic.kept_bytes``.
+
+Under the grader's sandbox the rank's process group is the relay
+(helpers.course.grading.relay): every collective and message passes through the grading
+process, which logs it, refuses what ``allow`` does not name and applies the tamper
+itself. There the recorder only sends the recording's start and end (and the allocations
+and its own friendly refusals) over the relay; the rank's own ``Traffic`` lists are kept
+as before. With gloo (a learner's own kernel) it works as described above.
 """
 
 from __future__ import annotations
@@ -126,6 +133,7 @@ class _Watch(TorchDispatchMode):
 
     def __init__(self, traffic, allow, exercise, out, content, tamper, memory):
         super().__init__()
+        self.relayed = False  # True: the relay's switch logs, refuses and tampers (not this rank)
         self.traffic, self.allow, self.exercise = traffic, frozenset(allow), exercise
         self.out, self.content, self.tamper = out, content, tamper
         self.memory = Allocations(on_alloc=self._emit) if memory else None
@@ -156,6 +164,8 @@ class _Watch(TorchDispatchMode):
             op = self._p2p_name(name)
         else:
             op = FRIENDLY.get(name, name)
+        if self.relayed:
+            return self._relayed(name, op, func, args, kwargs)
         if self.tamper is not None and self.tamper.matches(self.rank, op):
             index, self.tamper_seen = self.tamper_seen, self.tamper_seen + 1
             if self.tamper.nth is None or index == self.tamper.nth:
@@ -177,6 +187,22 @@ class _Watch(TorchDispatchMode):
         event = {"kind": "collective", "name": op, "bytes": nbytes, "allowed": allowed}
         self._emit(event, shown if self.content and allowed else None)
         if not allowed:
+            raise CollectiveRefused(_refusal(self.exercise, op, func.namespace, self.allow))
+        self.traffic.collectives.append(op)
+        self.traffic.calls.append(Call(op, nbytes))
+        return args, kwargs
+
+    def _relayed(self, name, op, func, args, kwargs):
+        """Under the relay: keep this rank's own lists, refuse early with a clear message."""
+        _, tensors = contribution(func, args, kwargs)
+        numel = sum(t.numel() for t in tensors)
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        if name in P2P:
+            peer = int(args[2]) if name != "recv_any_source_" else -1
+            self.traffic.messages.append(Message(op, peer, numel, nbytes))
+            return args, kwargs
+        if op not in self.allow:
+            self._emit({"kind": "refused", "name": op, "bytes": nbytes})
             raise CollectiveRefused(_refusal(self.exercise, op, func.namespace, self.allow))
         self.traffic.collectives.append(op)
         self.traffic.calls.append(Call(op, nbytes))
@@ -217,8 +243,10 @@ def record_traffic(
     Raises RuntimeError at exit if the recording was switched off from inside.
     """
     traffic = Traffic()
-    out = events.sender(exercise)
-    watch = _Watch(traffic, allow, exercise, out, content, tamper, memory)
+    watch = _Watch(traffic, allow, exercise, None, content, tamper, memory)
+    relayed = events.relay_markers(exercise, content, allow, tamper, watch.api)
+    watch.relayed = relayed is not None
+    out = watch.out = relayed if watch.relayed else events.sender(exercise)
     try:
         with refuse_workbook_collectives(exercise), named_p2p(watch.api):
             with watch:

@@ -1,0 +1,343 @@
+"""The relay process group, grading side: every rank's collectives and messages pass here.
+
+``RelaySwitch(socks)`` serves one socket per rank (index = global rank) on one thread.
+It never runs or unpickles what a rank sends: frames are a JSON header and raw bytes
+(relay/frames.py). For each process group it matches the n-th collective of every rank,
+checks that they agree (relay/ops.py says which rank called what when they do not),
+computes the result on its own copies and answers each rank; it delivers point-to-point
+messages (a send is kept until the matching receive is posted). Along the way it records,
+per rank, into the ``EventLog`` open in this process (relay/marks.py): each collective and
+message, with its contents when the recording asked for them, refuses the collectives an
+open recording does not allow, and applies the recordings' tampers.
+
+One switch serves one job: give it fresh socket pairs, run the ranks, then ``close()``
+(which waits for every rank to hang up, so nothing a rank sent is left unread).
+``seen(rank)`` lists every operation a rank made, inside a recording or not.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import selectors
+import socket
+import threading
+import time
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+
+import torch
+
+from helpers.course.grading.relay.frames import FrameReader, as_bytes, dtype_of, send_frame
+from helpers.course.grading.relay.marks import Marks, refusal
+from helpers.course.grading.relay.ops import Mismatch, Part, answer, parse_part
+
+__all__ = ["RelaySwitch"]
+
+
+@dataclass
+class _Group:
+    name: str
+    ranks: tuple[int, ...]
+    next: dict[int, int] = field(default_factory=lambda: defaultdict(int))  # rank -> n-th call
+    slots: dict[int, _Slot] = field(default_factory=dict)
+
+
+@dataclass
+class _Slot:
+    parts: dict[int, Part] = field(default_factory=dict)  # group rank -> its call
+    ids: dict[int, int] = field(default_factory=dict)  # group rank -> request id
+    arrived: set[int] = field(default_factory=set)
+    failed: str | None = None
+
+
+@dataclass
+class _Rank:
+    sock: socket.socket
+    reader: FrameReader
+    marks: Marks
+    groups: dict[int, _Group] = field(default_factory=dict)
+    alive: bool = True
+
+
+class RelaySwitch:
+    """Serve the ranks' sockets (one per global rank) until ``close()``."""
+
+    def __init__(self, socks: list[socket.socket], reply_timeout: float = 60.0):
+        self.world = len(socks)
+        self.ranks = []
+        for r, sock in enumerate(socks):
+            sock.settimeout(reply_timeout)  # replies block at most this long on a stalled rank
+            self.ranks.append(_Rank(sock, FrameReader(sock), Marks(r)))
+        self.errors: list[str] = []  # frames the switch could not make sense of
+        self._groups: dict[tuple[str, tuple[int, ...]], _Group] = {}
+        self._mail: dict[tuple, deque] = defaultdict(deque)  # (group, dst, tag) -> sends
+        self._posted: dict[tuple, deque] = defaultdict(deque)  # (group, dst, tag) -> recvs
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe()
+        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        for r, state in enumerate(self.ranks):
+            self._sel.register(state.sock, selectors.EVENT_READ, r)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="relay-switch", daemon=True)
+        self._thread.start()
+
+    # -- the serving thread
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            for key, _ in self._sel.select(1.0):
+                if key.data is None:
+                    os.read(self._wake_r, 64)
+                    continue
+                self._read(key.data)
+
+    def _read(self, rank: int) -> None:
+        state = self.ranks[rank]
+        try:
+            frames = state.reader.feed()
+        except (OSError, ValueError) as e:
+            self._hang_up(rank, f"rank {rank} sent what is not a relay frame ({e})")
+            return
+        for head, payload in frames:
+            try:
+                self._handle(rank, head, payload)
+            except Exception as e:  # noqa: BLE001 - the rank gets the reason, the switch goes on
+                self.errors.append(f"rank {rank}: {e}")
+                if isinstance(head.get("id"), int):
+                    self._reply(rank, head["id"], err=f"relay: {e}")
+        if state.reader.closed:
+            self._hang_up(rank, f"rank {rank} closed its relay (its process ended)")
+
+    def _handle(self, rank: int, head: dict, payload: bytearray) -> None:
+        kind, marks = head.get("t"), self.ranks[rank].marks
+        if kind == "coll":
+            self._collective(rank, head, payload)
+        elif kind == "send":
+            self._send(rank, head, payload)
+        elif kind == "recv":
+            self._recv(rank, head)
+        elif kind == "group":
+            self._group(rank, head)
+        elif kind == "open":
+            marks.open(head)
+            self._reply(rank, head.get("id"))
+        elif kind == "close":
+            marks.close()
+            self._reply(rank, head.get("id"))
+        elif kind == "event":
+            marks.reported(head.get("event"))
+        elif kind == "sync":
+            self._reply(rank, head.get("id"))
+        else:
+            raise ValueError(f"unknown frame {kind!r}")
+
+    def _reply(self, rank: int, ident, payload: torch.Tensor | bytearray | None = None, **head):
+        state = self.ranks[rank]
+        if not isinstance(ident, int) or not state.alive:
+            return
+        body = (
+            []
+            if payload is None
+            else [payload if isinstance(payload, bytearray) else as_bytes(payload)]
+        )
+        try:
+            send_frame(state.sock, {"id": ident, **head}, body)
+        except OSError as e:
+            self._hang_up(rank, f"rank {rank} stopped reading its relay ({e})")
+
+    # -- process groups and collectives
+    def _group(self, rank: int, head: dict) -> None:
+        ranks, name, index = head.get("ranks"), head.get("name"), head.get("g")
+        if (not isinstance(ranks, list) or not isinstance(name, str) or not isinstance(index, int)
+                or sorted(set(ranks)) != sorted(ranks) or rank not in ranks
+                or not all(isinstance(r, int) and 0 <= r < self.world for r in ranks)):  # fmt: skip
+            raise ValueError(f"a process group of ranks {ranks!r} is not one rank {rank} is in")
+        key = (name, tuple(ranks))
+        group = self._groups.setdefault(key, _Group(name, tuple(ranks)))
+        self.ranks[rank].groups[index] = group
+
+    def _group_of(self, rank: int, head: dict) -> _Group:
+        group = self.ranks[rank].groups.get(head.get("g"))
+        if group is None:
+            raise ValueError(f"rank {rank} used a process group it never announced")
+        return group
+
+    def _collective(self, rank: int, head: dict, payload: bytearray) -> None:
+        group = self._group_of(rank, head)
+        part = parse_part(rank, head, payload)
+        marks, g = self.ranks[rank].marks, group.ranks.index(rank)
+        n = group.next[rank]
+        group.next[rank] += 1
+        slot = group.slots.setdefault(n, _Slot())
+        slot.arrived.add(g)
+        slot.ids[g] = head.get("id")
+        part.inputs = marks.tamper(part.op, part.inputs, part.shapes)
+        refused_by = marks.allowed(part.op)
+        nbytes = sum(t.numel() * t.element_size() for t in part.inputs)
+        event = {"kind": "collective", "name": part.op, "op": part.op, "bytes": nbytes,
+                 "numel": sum(t.numel() for t in part.inputs), "allowed": refused_by is None,
+                 "group": list(group.ranks)}  # fmt: skip
+        shown = part.inputs[0].view(part.shapes[0]) if len(part.inputs) == 1 else None
+        marks.log(event, shown if refused_by is None else None)
+        if refused_by is not None:
+            message = refusal(refused_by.label, part.op, refused_by.allow)
+            self._reply(rank, slot.ids[g], err=message, refused=True)
+            self._fail(group, n, slot, f"rank {rank}'s {part.op} was refused: {message}")
+        elif slot.failed is not None:
+            self._reply(rank, slot.ids[g], err=slot.failed)
+        elif dead := self._gone(group, slot):
+            self._fail(group, n, slot, f"rank {dead} ended before it called {part.op}")
+            self._reply(rank, slot.ids[g], err=slot.failed)
+        else:
+            slot.parts[g] = part
+        if len(slot.arrived) == len(group.ranks):
+            del group.slots[n]
+            if slot.failed is None:
+                self._complete(group, slot)
+
+    def _gone(self, group: _Group, slot: _Slot) -> int | None:
+        """A rank of the group that ended before it joined this collective."""
+        for i, r in enumerate(group.ranks):
+            if i not in slot.arrived and not self.ranks[r].alive:
+                return r
+        return None
+
+    def _fail(self, group: _Group, n: int, slot: _Slot, why: str) -> None:
+        if slot.failed is None:
+            slot.failed = why
+        for g in list(slot.parts):
+            self._reply(group.ranks[g], slot.ids[g], err=f"relay: {slot.failed}")
+        slot.parts.clear()
+
+    def _complete(self, group: _Group, slot: _Slot) -> None:
+        parts = [slot.parts[g] for g in range(len(group.ranks))]
+        try:
+            outs = answer(parts[0].op, parts)
+        except (Mismatch, RuntimeError) as e:
+            for g, r in enumerate(group.ranks):
+                self._reply(r, slot.ids[g], err=f"relay: {e}")
+            return
+        for g, r in enumerate(group.ranks):
+            self._reply(r, slot.ids[g], outs[g])
+
+    # -- point to point
+    def _p2p(
+        self, rank: int, head: dict, base: str
+    ) -> tuple[_Group, int, int, torch.dtype, list, str]:
+        group = self._group_of(rank, head)
+        peer, tag = head.get("peer"), head.get("tag")
+        if (
+            not isinstance(tag, int)
+            or not isinstance(peer, int)
+            or not -1 <= peer < len(group.ranks)
+        ):
+            raise ValueError(f"{base}: peer {peer!r} is not a rank of the group")
+        if peer == -1 and base == "send":
+            raise ValueError("send needs a destination")
+        shapes = head.get("s")
+        if not isinstance(shapes, list) or not all(isinstance(s, list) for s in shapes):
+            raise ValueError(f"{base}: s must list the tensor shapes")
+        api = head.get("api")
+        op = api if api in (base, "i" + base) else base
+        other = -1 if peer == -1 else group.ranks[peer]
+        return group, other, tag, dtype_of(head.get("dtype")), shapes, op
+
+    def _send(self, rank: int, head: dict, payload: bytearray) -> None:
+        group, dst, tag, dtype, shapes, op = self._p2p(rank, head, "send")
+        marks = self.ranks[rank].marks
+        numels = [math.prod(s) for s in shapes]
+        flat = torch.frombuffer(payload, dtype=dtype) if payload else torch.empty(0, dtype=dtype)
+        if flat.numel() != sum(numels):
+            raise ValueError(f"send: {len(payload)} bytes do not hold tensors of shapes {shapes}")
+        pieces = marks.tamper(op, list(flat.split(numels)), shapes)
+        flat = torch.cat(pieces) if pieces else flat
+        event = {"kind": "p2p", "op": op, "peer": dst, "numel": flat.numel(),
+                 "bytes": flat.numel() * flat.element_size()}  # fmt: skip
+        marks.log(event, pieces[0].view(shapes[0]) if len(pieces) == 1 else None)
+        key = (id(group), dst, tag)
+        posted = self._posted[key]
+        for i, (src, ident, nbytes) in enumerate(posted):
+            if src in (-1, rank):
+                del posted[i]
+                self._deliver(dst, ident, rank, flat, nbytes)
+                return
+        self._mail[key].append((rank, flat))
+
+    def _recv(self, rank: int, head: dict) -> None:
+        group, src, tag, dtype, shapes, op = self._p2p(rank, head, "recv")
+        numel = sum(math.prod(s) for s in shapes)
+        nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+        event = {"kind": "p2p", "op": op, "peer": src, "numel": numel, "bytes": nbytes}
+        self.ranks[rank].marks.log(event, None)
+        key, ident = (id(group), rank, tag), head.get("id")
+        mail = self._mail[key]
+        for i, (sender, flat) in enumerate(mail):
+            if src in (-1, sender):
+                del mail[i]
+                self._deliver(rank, ident, sender, flat, nbytes)
+                return
+        if src != -1 and not self.ranks[src].alive:
+            self._reply(rank, ident, err=f"relay: rank {src} ended before it sent this message")
+            return
+        self._posted[key].append((src, ident, nbytes))
+
+    def _deliver(self, dst: int, ident, src: int, flat: torch.Tensor, nbytes: int) -> None:
+        sent = flat.numel() * flat.element_size()
+        if sent != nbytes:
+            why = (f"relay: rank {src} sent {sent} bytes ({flat.numel()} {str(flat.dtype)[6:]}) "
+                   f"to rank {dst}, whose receive buffer holds {nbytes} bytes")  # fmt: skip
+            self._reply(dst, ident, err=why)
+            return
+        self._reply(dst, ident, flat, src=src)
+
+    # -- ranks that end
+    def _hang_up(self, rank: int, why: str) -> None:
+        state = self.ranks[rank]
+        if not state.alive:
+            return
+        state.alive = False
+        self._sel.unregister(state.sock)
+        try:
+            state.sock.shutdown(socket.SHUT_RDWR)  # the rank's waiting operations fail at once
+        except OSError:
+            pass
+        for group in {id(g): g for g in self._groups.values() if rank in g.ranks}.values():
+            for n, slot in list(group.slots.items()):
+                if group.ranks.index(rank) not in slot.arrived:
+                    self._fail(
+                        group,
+                        n,
+                        slot,
+                        f"rank {rank} ended before it joined this collective ({why})",
+                    )
+        for (_, dst, _), posted in self._posted.items():
+            for waiting in [p for p in posted if p[0] == rank]:
+                posted.remove(waiting)
+                self._reply(
+                    dst, waiting[1], err=f"relay: rank {rank} ended before it sent this message"
+                )
+
+    # -- the grading side
+    def seen(self, rank: int) -> list[dict]:
+        """Every collective and message of ``rank`` (without contents), recorded or not."""
+        return list(self.ranks[rank].marks.history)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Wait (up to ``timeout`` s) for every rank to hang up, then stop serving."""
+        deadline = time.monotonic() + timeout
+        while any(s.alive for s in self.ranks) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        self._stop.set()
+        os.write(self._wake_w, b"x")
+        self._thread.join(timeout)
+        for state in self.ranks:
+            state.sock.close()
+        self._sel.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def __enter__(self) -> RelaySwitch:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

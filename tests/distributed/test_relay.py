@@ -1,0 +1,410 @@
+"""The relay process group: ranks whose every collective and message passes through this process.
+
+Plain local processes (forked, one socket pair each, no sandbox): each collective gives
+gloo's result, messages in any order complete, subgroups and DeviceMesh work, and the
+switch records, refuses and tampers in this process, whatever the rank's own recorder does.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import socket
+import tempfile
+import time
+import traceback
+
+import pytest
+import torch
+import torch._dynamo  # noqa: F401 - a dispatch mode or DTensor imports it: once here, not per rank
+import torch.distributed as tdist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+from helpers.course.grading.recorder.traffic import (
+    CollectiveRefused,
+    EventLog,
+    Tamper,
+    record_traffic,
+)
+from helpers.course.grading.relay import backend
+from helpers.course.grading.relay.switch import RelaySwitch
+
+
+def _rank_main(fn, rank, world, fd, others, conn, args, gloo):
+    for other in others:  # a rank holds its own end only, so the switch sees it hang up
+        os.close(other)
+    try:
+        torch.set_num_threads(1)
+        if gloo is None:
+            backend.connect(fd, rank, world)
+        else:
+            os.close(fd)
+            tdist.init_process_group("gloo", store=tdist.FileStore(gloo, world), rank=rank,
+                                     world_size=world)  # fmt: skip
+        out = ("ok", fn(rank, *args))
+        backend.flush()
+    except BaseException:  # noqa: BLE001 - the test process shows the rank's traceback
+        out = ("err", traceback.format_exc())
+    conn.send_bytes(pickle.dumps(out))
+    conn.close()
+    os._exit(0)
+
+
+def run(fn, world, *args, gloo=False, timeout=30):
+    """fn(rank, *args) on ``world`` forked ranks over the relay (or gloo): (values, switch)."""
+    ctx = mp.get_context("fork")
+    pairs = [socket.socketpair() for _ in range(world)]
+    store = tempfile.mktemp(prefix="relay-gloo-") if gloo else None
+    procs, conns = [], []
+    for r in range(world):
+        recv_end, send_end = ctx.Pipe(duplex=False)
+        fds = [s.fileno() for pair in pairs for s in pair]
+        mine = pairs[r][1].fileno()
+        others = [fd for fd in fds if fd != mine]
+        p = ctx.Process(target=_rank_main, args=(fn, r, world, mine, others, send_end, args, store))
+        p.start()
+        procs.append(p)
+        conns.append(recv_end)
+        send_end.close()
+    for _, child in pairs:
+        child.close()
+    switch = RelaySwitch([mine for mine, _ in pairs])
+    values = []
+    try:
+        for r, conn in enumerate(conns):
+            assert conn.poll(timeout), f"rank {r} did not finish in {timeout} s"
+            kind, value = pickle.loads(conn.recv_bytes())
+            if kind == "err":
+                raise AssertionError(f"rank {r} failed:\n{value}")
+            values.append(value)
+    finally:
+        for p in procs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+        switch.close()
+    return values, switch
+
+
+def _val(rank, k=4, dtype=torch.float32):
+    return (torch.arange(k, dtype=torch.float64) * (rank + 1) + 10 * rank).to(dtype)
+
+
+def _every_collective(rank):
+    n, out = tdist.get_world_size(), {}
+    for red in ("SUM", "PRODUCT", "MIN", "MAX"):
+        t = _val(rank)
+        tdist.all_reduce(t, getattr(tdist.ReduceOp, red))
+        out["all_reduce " + red] = t
+    t = _val(rank, dtype=torch.int64)
+    tdist.all_reduce(t, tdist.ReduceOp.BXOR)
+    out["all_reduce BXOR int64"] = t
+    t = _val(rank, dtype=torch.bfloat16)
+    tdist.all_reduce(t)
+    out["all_reduce bfloat16"] = t
+    ts = [_val(rank, 3), _val(rank, 5)]
+    tdist.all_reduce_coalesced(ts)
+    out["all_reduce_coalesced"] = torch.cat(ts)
+    t = _val(rank)
+    tdist.reduce(t, dst=n - 1)
+    out["reduce"] = t if rank == n - 1 else None  # gloo leaves other ranks' tensors unspecified
+    t = _val(rank)
+    tdist.broadcast(t, src=n - 1)
+    out["broadcast"] = t
+    pieces = [torch.empty(4) for _ in range(n)]
+    tdist.all_gather(pieces, _val(rank))
+    out["all_gather"] = torch.cat(pieces)
+    o = torch.empty(4 * n)
+    tdist.all_gather_into_tensor(o, _val(rank))
+    out["all_gather_into_tensor"] = o
+    o = torch.empty(6)
+    tdist.reduce_scatter_tensor(o, _val(rank, 6 * n))
+    out["reduce_scatter_tensor"] = o
+    o = torch.empty(2)
+    tdist.reduce_scatter(o, [_val(rank, 2) + j for j in range(n)])
+    out["reduce_scatter"] = o
+    o = torch.empty(2 * n)
+    tdist.all_to_all_single(o, _val(rank, 2 * n))
+    out["all_to_all_single"] = o
+    outs = [torch.empty(2) for _ in range(n)]
+    tdist.all_to_all(outs, [_val(rank, 2) + j for j in range(n)])
+    out["all_to_all"] = torch.cat(outs)
+    got = [torch.empty(3) for _ in range(n)] if rank == 0 else None
+    tdist.gather(_val(rank, 3), got, dst=0)
+    out["gather"] = torch.cat(got) if got else None
+    o = torch.empty(3)
+    tdist.scatter(o, [_val(rank, 3) + j for j in range(n)] if rank == 1 else None, src=1)
+    out["scatter"] = o
+    objects = [None] * n
+    tdist.all_gather_object(objects, {"rank": rank})
+    out["all_gather_object"] = objects
+    tdist.barrier()
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_every_collective_gives_gloos_result(world):
+    relayed, switch = run(_every_collective, world)
+    gloo, _ = run(_every_collective, world, gloo=True)
+    for rank in range(world):
+        assert relayed[rank].keys() == gloo[rank].keys()
+        for name, want in gloo[rank].items():
+            got = relayed[rank][name]
+            same = torch.equal(got, want) if isinstance(want, torch.Tensor) else got == want
+            assert same, f"rank {rank}, {name}: relay {got}, gloo {want}"
+    assert switch.errors == []
+    ops = [e["op"] for e in switch.seen(0)]
+    assert ops[:2] == ["all_reduce", "all_reduce"] and "all_to_all_single" in ops
+
+
+def _uneven(rank):
+    # rank r sends r + j + 1 rows of 2 to rank j
+    n = tdist.get_world_size()
+    send = [rank + j + 1 for j in range(n)]
+    recv = [r + rank + 1 for r in range(n)]
+    inp = torch.cat([torch.full((s, 2), float(10 * rank + j)) for j, s in enumerate(send)])
+    out = torch.empty(sum(recv), 2)
+    tdist.all_to_all_single(out, inp, output_split_sizes=recv, input_split_sizes=send)
+    return out
+
+
+def test_uneven_all_to_all_single():
+    out, _ = run(_uneven, 3)
+    for rank, got in enumerate(out):
+        want = torch.cat([torch.full((r + rank + 1, 2), float(10 * r + rank)) for r in range(3)])
+        assert torch.equal(got, want)
+
+
+def _ring_recv_first(rank):
+    n = tdist.get_world_size()
+    got = torch.empty(3)
+    with record_traffic(exercise="the ring", content=True):
+        ops = [tdist.P2POp(tdist.irecv, got, (rank - 1) % n),
+               tdist.P2POp(tdist.isend, torch.full((3,), float(rank)), (rank + 1) % n)]  # fmt: skip
+        for work in tdist.batch_isend_irecv(ops):
+            work.wait()
+        works = [tdist.irecv(torch.empty(1), (rank + 1) % n) for _ in range(2)]  # posted first
+        tdist.send(torch.tensor([1.0 * rank]), (rank - 1) % n)
+        tdist.isend(torch.tensor([2.0 * rank]), (rank - 1) % n).wait()
+        for w in works:
+            w.wait()
+    return got
+
+
+def test_a_ring_posted_receive_first_completes_and_is_recorded():
+    with EventLog() as log:
+        out, _ = run(_ring_recv_first, 3)
+    for rank, got in enumerate(out):
+        assert torch.equal(got, torch.full((3,), float((rank - 1) % 3)))
+        (rec,) = log.recordings(rank)
+        assert rec.closed and rec.label == "the ring"
+        ops = [(e["op"], e["peer"], e["numel"]) for e in rec.messages]
+        assert ops == [("irecv", (rank - 1) % 3, 3), ("isend", (rank + 1) % 3, 3),
+                       ("irecv", (rank + 1) % 3, 1), ("irecv", (rank + 1) % 3, 1),
+                       ("send", (rank - 1) % 3, 1), ("isend", (rank - 1) % 3, 1)]  # fmt: skip
+        sent = rec.contents("p2p")
+        assert torch.equal(sent[0], torch.full((3,), float(rank))) and sent[1].item() == rank
+
+
+def _mesh(rank):
+    pair = tdist.new_group([0, 1])  # every rank calls new_group, as torch requires
+    if rank < 2:
+        t = torch.tensor([rank + 1.0])
+        tdist.all_reduce(t, group=pair)
+    else:
+        t = torch.tensor([0.0])
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    x = distribute_tensor(torch.arange(16.0).reshape(4, 4), mesh, [Shard(0), Shard(1)])
+    full = x.redistribute(mesh, [Replicate(), Replicate()]).to_local()
+    row = torch.tensor([float(rank)])
+    tdist.all_reduce(row, group=mesh.get_group("tp"))
+    return t, full, row
+
+
+def test_new_group_and_a_2d_mesh_with_dtensor():
+    out, switch = run(_mesh, 4)
+    for rank, (t, full, row) in enumerate(out):
+        assert t.item() == (3.0 if rank < 2 else 0.0)
+        assert torch.equal(full, torch.arange(16.0).reshape(4, 4))
+        assert row.item() == (1.0 if rank < 2 else 5.0)  # tp pairs: (0, 1) and (2, 3)
+    groups = {tuple(e["group"]) for e in switch.seen(0)}
+    assert {(0, 1), (0, 2)} <= groups
+
+
+def _refused(rank):
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    out = {}
+    with record_traffic(allow=["all_gather"], exercise="the ring") as traffic:
+        try:
+            tdist.all_reduce(torch.ones(2))  # the rank's own recorder refuses it first
+        except CollectiveRefused as e:
+            out["local"] = str(e)
+        with _disable_current_modes():  # switched off: the switch refuses it
+            try:
+                tdist.all_reduce(torch.ones(2))
+            except RuntimeError as e:
+                out["switch"] = str(e)
+        traffic.collectives.clear()
+    return out
+
+
+def test_a_collective_not_allowed_is_refused_by_the_switch():
+    with EventLog() as log:
+        out, _ = run(_refused, 2)
+    for rank, seen in enumerate(out):
+        assert "must not call the collective 'all_reduce'" in seen["local"]
+        assert (
+            "the ring must not call the collective 'all_reduce' (allowed here: all_gather)"
+            in seen["switch"]
+        )
+        (rec,) = log.recordings(rank)
+        assert rec.refused == ["all_reduce", "all_reduce"] and rec.calls == []
+        assert [e.get("reported", False) for e in rec.of("collective")] == [True, False]
+
+
+def _mismatch(rank):
+    try:
+        tdist.all_reduce(torch.ones(4 if rank == 0 else 6))
+    except RuntimeError as e:
+        return str(e)
+    return "no error"
+
+
+def test_ranks_that_disagree_are_told_who_called_what():
+    out, _ = run(_mismatch, 2)
+    for message in out:
+        assert "rank 0 called all_reduce with 4 float32 elements" in message, message
+        assert "rank 1 called all_reduce with 6 float32 elements" in message, message
+
+
+def _tampered(rank, tamper):
+    t = torch.arange(4.0) + 10 * rank
+    with record_traffic(allow=["all_reduce"], content=True, tamper=tamper):
+        tdist.all_reduce(t)
+        tdist.all_reduce(torch.ones(2))
+    got = torch.empty(2)
+    with record_traffic(content=True, tamper=tamper):
+        if rank == 1:
+            tdist.send(torch.tensor([1.0, 2.0]), 0)
+        else:
+            tdist.recv(got, 1)
+    return t, got
+
+
+def test_the_switch_tampers_and_records_contents():
+    double = Tamper(rank=1, op=("all_reduce", "send"), nth=None, change=lambda t: 2 * t)
+    with EventLog() as log:
+        out, _ = run(_tampered, 2, double)
+    want = torch.arange(4.0) + 2 * (torch.arange(4.0) + 10)  # rank 1's part counted twice
+    for t, _ in out:
+        torch.testing.assert_close(t, want)
+    assert torch.equal(out[0][1], torch.tensor([2.0, 4.0]))  # the message, doubled on its way
+    first, second = log.recordings(1)
+    assert [e["op"] for e in first.tampered] == ["all_reduce", "all_reduce"]
+    assert first.calls == [("all_reduce", 16), ("all_reduce", 8)]
+    torch.testing.assert_close(first.contents("collective")[0], 2 * (torch.arange(4.0) + 10))
+    assert torch.equal(second.contents("p2p")[0], torch.tensor([2.0, 4.0]))
+    assert [len(r.tampered) for r in log.recordings(0)] == [0, 0]
+
+
+def _own_tamper(rank):
+    try:
+        with record_traffic(tamper=Tamper(rank, "all_reduce", lambda t: t)):
+            pass
+    except RuntimeError as e:
+        return str(e)
+    return "opened"
+
+
+def test_a_tamper_made_in_the_rank_is_not_applied():
+    out, _ = run(_own_tamper, 1)
+    assert "not one the grading process made" in out[0]
+
+
+def _same_traffic(rank):
+    with record_traffic(allow=["all_reduce", "broadcast", "all_gather_into_tensor"], memory=True):
+        t = torch.ones(8)
+        tdist.all_reduce(t)
+        tdist.broadcast(t, 0)
+        tdist.all_gather_into_tensor(torch.empty(16), t)
+        work = tdist.isend(t[:3].clone(), 1 - rank)
+        tdist.recv(torch.empty(3), 1 - rank)
+        work.wait()
+        del t, work
+        kept = torch.zeros(100)
+    return kept.sum().item()
+
+
+def test_the_recordings_are_those_of_gloo():
+    logs = []
+    for gloo in (False, True):
+        with EventLog() as log:
+            run(_same_traffic, 2, gloo=gloo)
+        logs.append(log)
+    for rank in range(2):
+        (relayed,), (local,) = logs[0].recordings(rank), logs[1].recordings(rank)
+        assert relayed.calls == local.calls
+        strip = lambda es: [{k: e[k] for k in ("op", "peer", "numel", "bytes")} for e in es]  # noqa: E731
+        assert strip(relayed.messages) == strip(local.messages)
+        assert relayed.kept_bytes == local.kept_bytes == 400
+
+
+def _ends_early(rank):
+    if rank == 1:
+        return "left"
+    try:
+        tdist.all_reduce(torch.ones(2))
+    except RuntimeError as e:
+        return str(e)
+    return "no error"
+
+
+def test_a_rank_that_ends_fails_its_peers_collective():
+    out, _ = run(_ends_early, 2)
+    assert "rank 1 ended" in out[0], out[0]
+
+
+def _not_a_frame(rank):
+    chan = backend.channel()
+    with chan._lock:
+        chan.sock.sendall(b"\x80\x04\x95" + b"\xff" * 64)  # a pickle, not a frame
+    time.sleep(0.2)
+    return chan.closed
+
+
+def test_the_switch_drops_a_rank_that_sends_what_is_not_a_frame():
+    out, switch = run(_not_a_frame, 1)
+    assert out == ["the grading process closed the relay"]
+    assert not switch.ranks[0].alive
+
+
+def _timed(rank, world):
+    x = torch.ones(1000)
+    tdist.barrier()
+    start = time.perf_counter()
+    for _ in range(100):
+        tdist.all_reduce(x)
+    reduce_s = (time.perf_counter() - start) / 100
+    start = time.perf_counter()
+    peer = rank ^ 1
+    for _ in range(500):  # 1,000 messages: 500 sends and 500 receives per rank
+        if rank % 2 == 0:
+            tdist.send(torch.ones(16), peer)
+            tdist.recv(torch.empty(16), peer)
+        else:
+            tdist.recv(torch.empty(16), peer)
+            tdist.send(torch.ones(16), peer)
+    return reduce_s, time.perf_counter() - start
+
+
+def test_timings_are_printed(capsys):
+    out, _ = run(_timed, 4, 4)
+    reduce_s = max(r for r, _ in out)
+    p2p_s = max(p for _, p in out)
+    with capsys.disabled():
+        print(f"\nrelay, 4 ranks: all_reduce of 1,000 floats {reduce_s * 1e3:.2f} ms; "
+              f"1,000 messages of 16 floats per rank pair {p2p_s * 1e3:.0f} ms")  # fmt: skip
+    assert reduce_s < 0.05 and p2p_s < 5
