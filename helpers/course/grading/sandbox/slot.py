@@ -1,0 +1,178 @@
+"""A sandbox slot: a python that imported torch once, inside bwrap, and forks the learner's work.
+
+Started by the grader's SandboxPool as ``python -m helpers.course.grading.sandbox.slot FD``
+inside a sandbox (helpers.course.grading.sandbox.bwrap), FD its control socket. It never
+runs learner code itself: each job is a forked child, so what one notebook's code did to
+a process never reaches the next notebook's. Forking is safe because the slot runs no
+torch operation (no OpenMP pool exists yet), as helpers.launch.zygote explains.
+
+Control messages (helpers.course.grading.sandbox.wire frames):
+
+    grader -> slot  {"kind": "job", "rank", "world_size", "threads", "group"} + a pickle
+                    (payload, learner_source, programs), then, when "group" is true, one
+                    byte carrying the rank's relay socket (SCM_RIGHTS)
+                    {"kind": "call", "name", "source_id", "threads"} + a pickle (args:
+                    cloudpickled args and kwargs, learner_source, programs): a direct call
+                    in the learner process, which lives while source_id stays the same
+                    {"kind": "kill"}: end the running job or call now
+    slot -> grader  {"kind": "ready"}; {"kind": "out", "stream": "o" | "e"} + bytes;
+                    {"kind": "result", "ok": true} + torch.save bytes, or
+                    {"kind": "result", "ok": false, "type", "summary", "traceback"};
+                    {"kind": "done", "code": the rank's exit code or null}: every process
+                    the job started is gone, and scratch, /tmp and /dev/shm are empty
+
+The slot is its PID namespace's child subreaper and is not dumpable: a rank (same uid)
+can kill it, which ends the sandbox, but cannot ptrace it or read its descriptors.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import importlib
+import os
+import pickle
+import socket
+import sys
+
+from helpers.course.grading.sandbox import wire
+from helpers.course.grading.sandbox.children import Child, end_processes, fork, wipe
+
+PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 4, 36
+# Imported once here, so no rank pays for them (the labs' imports cells name these).
+PRELOAD = (
+    "torch",
+    "torch._dynamo",
+    "torch.distributed",
+    "torch.nn.parallel",
+    "torch.optim",
+    "torch.distributed.device_mesh",
+    "torch.distributed.fsdp",
+    "torch.distributed.tensor",
+    "torch.distributed.tensor.parallel",
+    "torch.nn.functional",
+    "cloudpickle",
+    "numpy",
+    "helpers.dist",
+    "helpers.compat",
+    "helpers.launch",
+    "helpers.models",
+    "helpers.course.grading.recorder.traffic",
+    "helpers.course.grading.recorder.allocations",
+    "helpers.course.grading.relay.backend",
+    "helpers.course.grading.sandbox.rank",
+)
+WRITABLE = ("/tmp", "/dev/shm")
+
+
+def _light_grader_package() -> None:
+    """Let ``helpers.course.grading.grader.proxies`` (where the grader's LearnerRefs resolve)
+    import without its package's ``__init__``, which loads nbgrader for the grader's
+    preprocessor: 2.3 s of CPU and 70 MB in every slot, for nothing a sandbox uses."""
+    import types
+
+    import helpers.course.grading as grading
+
+    name = "helpers.course.grading.grader"
+    if name not in sys.modules:
+        package = types.ModuleType(name)
+        package.__path__ = [os.path.join(os.path.dirname(grading.__file__), "grader")]
+        sys.modules[name] = package
+
+
+def _preload() -> None:
+    _light_grader_package()
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # the relay is optional to a test of the sandbox alone
+            pass
+    gc.collect()
+    gc.freeze()  # each rank's gc.collect() then skips the preloaded heap
+
+
+def _finish(ctrl: socket.socket, child: Child, who: str, keep=frozenset()) -> None:
+    """End every other process, forward what is left, the result, then "done"."""
+    codes = end_processes(keep)
+    child.drain(ctrl)
+    header, blob = child.result(who)
+    wire.send(ctrl, header, blob)
+    if not keep:
+        wipe([os.getcwd(), *WRITABLE])
+    wire.send(ctrl, {"kind": "done", "code": codes.get(child.pid)})
+
+
+def _job(ctrl: socket.socket, header: dict, request: dict) -> None:
+    from helpers.course.grading.sandbox.rank import run_rank
+
+    relay = None
+    if header.get("group"):
+        _, fds, _, _ = socket.recv_fds(ctrl, 1, 1)
+        relay = fds[0] if fds else None
+    child = fork(run_rank, header, request, relay, keep_fds=[] if relay is None else [relay])
+    if relay is not None:
+        os.close(relay)
+    child.pump(ctrl)
+    _finish(ctrl, child, f"rank {header['rank']}")
+    child.close()
+
+
+class Learner:
+    """The learner process of this slot (direct calls), kept while its source is the same."""
+
+    def __init__(self) -> None:
+        self.child: Child | None = None
+
+    def end(self) -> None:
+        if self.child is not None:
+            end_processes()
+            self.child.close()
+            self.child = None
+            wipe([os.getcwd(), *WRITABLE])
+
+    def call(self, ctrl: socket.socket, header: dict, request: dict) -> None:
+        from helpers.course.grading.sandbox.rank import serve_calls
+
+        if self.child is not None and self.child.tag != header["source_id"]:
+            self.end()
+        if self.child is None:
+            self.child = fork(serve_calls, request, header["threads"], requests=True)
+            self.child.tag = header["source_id"]
+        ask = wire.encode({"kind": "call", "name": header["name"]}, request["args"])
+        how = self.child.pump(ctrl, ask, stop_at_result=True)
+        if how == "result":
+            _finish(ctrl, self.child, f"the call of {header['name']}", keep={self.child.pid})
+            return
+        _finish(ctrl, self.child, f"the learner process (calling {header['name']})")
+        self.child.close()
+        self.child = None
+
+
+def serve(ctrl_fd: int) -> None:
+    """The slot's loop: jobs and calls, one at a time, until the grader closes the socket."""
+    ctrl = socket.socket(fileno=ctrl_fd)
+    os.set_inheritable(ctrl_fd, False)
+    libc = ctypes.CDLL(None)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    sys.path[:] = [p for p in sys.path if p not in ("", os.getcwd())]  # scratch is no import root
+    _preload()
+    wire.send(ctrl, {"kind": "ready", "pid": os.getpid()})
+    learner = Learner()
+    while True:
+        frame = wire.recv_blocking(ctrl)
+        if frame is None:
+            end_processes()
+            return
+        header, blob = frame
+        if header["kind"] == "job":
+            learner.end()
+            _job(ctrl, header, pickle.loads(blob))
+        elif header["kind"] == "call":
+            learner.call(ctrl, header, pickle.loads(blob))
+
+
+if __name__ == "__main__":
+    serve(int(sys.argv[1]))

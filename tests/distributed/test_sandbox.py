@@ -1,0 +1,382 @@
+"""The grading sandbox holds: each attack is a learner's source written for the purpose, and fails.
+
+One SandboxPool (2 rank slots and the learner slot, started in parallel) serves the file.
+The learner's functions run as a test would run them: a direct call in the learner
+process (``pool.call``), or as ranks (``pool.spawn`` of a ``LearnerRef``). Each attack
+reports what it managed; the test asserts it managed nothing, and, where it matters, that
+the same step on an unprotected path works (so the test is not vacuous).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import cloudpickle
+import psutil
+import pytest
+import torch
+
+from helpers.course.grading.grader.proxies import LearnerRef
+from helpers.course.grading.sandbox import bwrap
+from helpers.course.grading.sandbox.outcome import LearnerError
+from helpers.course.grading.sandbox.pool import SandboxPool
+from helpers.launch.results import RankFailure
+
+# The test functions sent to ranks travel by value, as a grader's do (the sandbox cannot
+# import this file).
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+SECRET = "the-hidden-test-says-42"
+ORPHAN = "wb-orphan"  # the name a leftover process gives itself (its comm)
+
+ATTACKS = textwrap.dedent(
+    '''
+    import ctypes, os, pickle, socket, subprocess, time
+
+    def tried(fn):
+        try:
+            out = fn()
+            return "ok:" + str(out)[:200]
+        except BaseException as e:
+            return type(e).__name__
+
+    def write_outside(paths):
+        def write(p):
+            with open(p, "a") as f:
+                f.write("graded by me")
+        return {p: tried(lambda p=p: write(p)) for p in paths}
+
+    def read_secrets(paths):
+        return {p: tried(lambda p=p: open(p).read()) for p in paths}
+
+    def who():
+        kinds = []
+        for f in os.listdir("/proc/self/fd"):
+            try:
+                kinds.append(os.readlink(f"/proc/self/fd/{f}").split(":")[0])
+            except FileNotFoundError:  # listdir's own descriptor, closed since
+                pass
+        kinds.sort()
+        return [os.getuid(), os.getgid(), os.getpid(), os.getcwd(), os.environ.get("HOME"), kinds]
+
+    def leave_orphans(marker):
+        """A double fork whose grandchild starts its own session, and a Popen'd sleep."""
+        pid = os.fork()
+        if pid == 0:
+            os.setsid()
+            if os.fork() == 0:
+                ctypes.CDLL(None).prctl(15, marker.encode(), 0, 0, 0)  # PR_SET_NAME
+                while True:
+                    time.sleep(1)
+            os._exit(0)
+        os.waitpid(pid, 0)
+        subprocess.Popen(["sleep", "600"], start_new_session=True)
+        for _ in range(500):
+            names = [open(f"/proc/{p}/comm").read().strip()
+                     for p in os.listdir("/proc") if p.isdigit()]
+            if marker in names and "sleep" in names:
+                return True
+            time.sleep(0.01)
+        return False
+
+    def leave_orphans_rank(d, marker):
+        return leave_orphans(marker)
+
+    def talk_to_peer(d, port):
+        """Rank 0 listens on TCP and on an abstract unix socket; rank 1 tries both."""
+        import torch.distributed as tdist
+        if d.rank == 0:
+            tcp = socket.socket(); tcp.bind(("127.0.0.1", port)); tcp.listen()
+            unix = socket.socket(socket.AF_UNIX); unix.bind("\\0wb-peer"); unix.listen()
+        tdist.barrier()
+        out = []
+        if d.rank == 1:
+            def tcp_connect():
+                s = socket.create_connection(("127.0.0.1", port), timeout=1)
+                return s.getpeername()
+            def unix_connect():
+                s = socket.socket(socket.AF_UNIX); s.settimeout(1); s.connect("\\0wb-peer")
+                return "connected"
+            out = [tried(tcp_connect), tried(unix_connect)]
+        tdist.barrier()
+        return out
+
+    def reach_grader(grader_pid, port, abstract):
+        def tcp():
+            return socket.create_connection(("127.0.0.1", port), timeout=1).getpeername()
+        def unix():
+            s = socket.socket(socket.AF_UNIX); s.settimeout(1); s.connect(abstract)
+            return "connected"
+        def ptrace(pid):
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.ptrace(16, pid, 0, 0) != 0:  # PTRACE_ATTACH
+                raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+            return "attached"
+        def slot_descriptors():
+            return os.listdir(f"/proc/{os.getppid()}/fd")
+        return {
+            "kill grader": tried(lambda: os.kill(grader_pid, 15)),
+            "signal 0 grader": tried(lambda: os.kill(grader_pid, 0)),
+            "ptrace grader": tried(lambda: ptrace(grader_pid)),
+            "ptrace slot": tried(lambda: ptrace(os.getppid())),
+            "slot fds": tried(slot_descriptors),
+            "tcp grader": tried(tcp),
+            "unix grader": tried(unix),
+        }
+
+    def leave_files():
+        open("/tmp/left", "w").write("x"); open("left", "w").write("x")
+        open("/dev/shm/left", "w").write("x")
+        return sorted(os.listdir("/tmp")) + sorted(os.listdir("."))
+
+    def seen_files():
+        tmp = [f for f in os.listdir("/tmp") if not os.getcwd().startswith(f"/tmp/{f}/")]
+        return sorted(tmp) + sorted(os.listdir(".")) + sorted(os.listdir("/dev/shm"))
+
+    calls = []
+    def count():
+        calls.append(1)
+        return len(calls)
+
+    class Evil:
+        def __reduce__(self):
+            return (os.getpid, ())
+
+    def forge_result(d):
+        """Replace the sandbox's value check with a pickle that runs code where it is loaded."""
+        from helpers.course.grading.sandbox import learner
+        learner.as_data = lambda value, who: pickle.dumps(Evil())
+        return 1
+
+    def returns_object():
+        return Evil()
+
+    def raises(kind):
+        raise {"value": ValueError, "own": type("OwnError", (Exception,), {})}[kind]("nope")
+
+    def kill_everyone(d):
+        os.kill(-1, 9)
+    '''
+)
+
+
+@pytest.fixture(scope="module")
+def course():
+    """A course directory outside /tmp (the sandbox replaces /tmp), readable by everyone,
+    so only the sandbox's hiding keeps its secrets."""
+    base = "/var/tmp" if os.path.isdir("/var/tmp") else None
+    root = Path(tempfile.mkdtemp(prefix="wb-course-", dir=base))
+    for rel in (
+        "solutions/lab1/lab1.ipynb",
+        "autograded/ann/lab1/lab1.ipynb",
+        "submitted/ann/lab1/lab1.ipynb",
+        "feedback/ann/lab1/lab1.html",
+        "gradebook.db",
+    ):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(SECRET)
+    (root / "labs/lab1").mkdir(parents=True)
+    (root / "labs/lab1/lab1.ipynb").write_text("the release")
+    for dirpath, _dirs, files in os.walk(root):
+        os.chmod(dirpath, 0o777)
+        for f in files:
+            os.chmod(os.path.join(dirpath, f), 0o666)
+    yield root
+    import shutil
+
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def pool(course):
+    with SandboxPool(max_world=2, course_root=course, call_timeout=60) as p:
+        p.start()
+        yield p
+
+
+def call(pool, name, *args):
+    return pool.call(name, *args, learner_source=ATTACKS)
+
+
+def spawn(pool, name, n, *args, timeout=60):
+    return pool.spawn(LearnerRef(name), n, args, learner_source=ATTACKS, timeout=timeout)
+
+
+def test_runs_as_nobody_with_its_two_descriptors(pool):
+    uid, gid, pid, cwd, home, fds = call(pool, "who")
+    expected = bwrap.NOBODY if os.geteuid() == 0 else os.geteuid()
+    assert (uid, gid) == (expected, bwrap.NOBODY if os.geteuid() == 0 else os.getegid())
+    assert pid < 100 and cwd == home  # its own PID namespace; the scratch dir is home
+    # /dev/null, then pipes to the slot (output, requests, results): no socket, no file
+    assert fds == ["/dev/null", *["pipe"] * 4], fds
+    (rank_fds,) = [r[-1] for r in pool.spawn(_who_rank, 1, learner_source=ATTACKS)]
+    assert rank_fds == ["/dev/null", "pipe", "pipe", "pipe", "socket"], rank_fds  # the relay
+
+
+def _who_rank(d):
+    from helpers.course.grading.grader.proxies import lookup
+
+    return lookup("who")()
+
+
+def test_cannot_write_outside_scratch(pool, course):
+    targets = [
+        course / "labs/lab1/lab1.ipynb",
+        course / "gradebook.db",
+        course / "labs/new.py",
+        Path(bwrap.__file__),
+        Path("/var/tmp/wb-planted"),
+    ]
+    before = {p: p.read_bytes() if p.exists() else None for p in targets}
+    got = call(pool, "write_outside", [str(p) for p in targets])
+    assert all(not v.startswith("ok") for v in got.values()), got
+    assert {p: p.read_bytes() if p.exists() else None for p in targets} == before
+    scratch = pool.slots[-1].scratch
+    assert call(pool, "write_outside", [str(scratch / "mine.txt")])[
+        str(scratch / "mine.txt")
+    ].startswith("ok")
+
+
+def test_cannot_read_course_secrets(pool, course):
+    checkout = Path(bwrap.__file__).resolve().parents[4]
+    secrets = [
+        course / "solutions/lab1/lab1.ipynb",
+        course / "gradebook.db",
+        course / "autograded/ann/lab1/lab1.ipynb",
+        course / "submitted/ann/lab1/lab1.ipynb",
+        course / "feedback/ann/lab1/lab1.html",
+    ]
+    secrets += [
+        p for p in [checkout / "solutions/lab1/lab1.ipynb", checkout / ".git/HEAD"] if p.exists()
+    ]
+    got = call(pool, "read_secrets", [str(p) for p in [*secrets, course / "labs/lab1/lab1.ipynb"]])
+    release = got.pop(str(course / "labs/lab1/lab1.ipynb"))
+    assert release == "ok:the release"  # the course dir is there; only its secrets are not
+    for path, outcome in got.items():
+        assert outcome in ("FileNotFoundError", "PermissionError"), (path, outcome)
+
+
+def test_no_socket_to_another_rank_or_the_grader(pool):
+    _, port = _free_port()
+    assert spawn(pool, "talk_to_peer", 2, port) == [
+        [],
+        ["ConnectionRefusedError", "ConnectionRefusedError"],
+    ]
+    tcp, unix = socket.socket(), socket.socket(socket.AF_UNIX)
+    tcp.bind(("127.0.0.1", 0)), tcp.listen()
+    unix.bind("\0wb-grader-test"), unix.listen()
+    try:
+        got = call(pool, "reach_grader", os.getpid(), tcp.getsockname()[1], "\0wb-grader-test")
+    finally:
+        tcp.close(), unix.close()
+    assert got["tcp grader"] == got["unix grader"] == "ConnectionRefusedError", got
+    assert got["kill grader"] == got["signal 0 grader"] == "ProcessLookupError", got
+    assert got["ptrace grader"] == "ProcessLookupError", got  # not even there to be seen
+    assert got["ptrace slot"] == "PermissionError", got  # the slot is not dumpable
+    assert got["slot fds"] == "PermissionError", got
+
+
+def _free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return None, port
+
+
+def _orphans() -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["name", "cmdline"]):
+        if p.info["name"] == ORPHAN or p.info["cmdline"] == ["sleep", "600"]:
+            found.append(p)
+    return found
+
+
+def test_no_process_outlives_its_job(pool):
+    assert call(pool, "leave_orphans", ORPHAN) is True
+    assert not _orphans()
+    assert call(pool, "count") < call(pool, "count")  # the learner process itself lives on
+    assert spawn(pool, "leave_orphans_rank", 2, ORPHAN) == [True, True]
+    assert not _orphans()
+
+
+def test_nothing_written_reaches_the_next_job(pool):
+    assert "left" in pool.spawn(_leave, 1, learner_source=ATTACKS)[0]
+    assert pool.spawn(_seen, 1, learner_source=ATTACKS) == [[]]
+
+
+def _leave(d):
+    from helpers.course.grading.grader.proxies import lookup
+
+    return lookup("leave_files")()
+
+
+def _seen(d):
+    from helpers.course.grading.grader.proxies import lookup
+
+    return lookup("seen_files")()
+
+
+def test_values_are_data_never_unpickled(pool):
+    with pytest.raises(RankFailure, match="not data"):
+        spawn(pool, "forge_result", 1)
+    with pytest.raises(TypeError, match="returned a Evil object"):
+        call(pool, "returns_object")
+
+
+def test_errors_come_back_as_text(pool):
+    with pytest.raises(ValueError, match="nope"):
+        call(pool, "raises", "value")
+    with pytest.raises(LearnerError, match="OwnError: nope"):
+        call(pool, "raises", "own")
+    with pytest.raises(RankFailure, match=r"rank 1 failed.*ValueError: nope"):
+        pool.spawn(_raise_on_1, 2, learner_source=ATTACKS)
+
+
+def _raise_on_1(d):
+    import torch.distributed as tdist
+
+    from helpers.course.grading.grader.proxies import lookup
+
+    if d.rank == 1:
+        lookup("raises")("value")
+    tdist.barrier()
+
+
+def test_a_rank_that_kills_its_sandbox_fails_alone(pool):
+    with pytest.raises(RankFailure, match="sandbox ended"):
+        spawn(pool, "kill_everyone", 1, timeout=30)
+    assert psutil.pid_exists(os.getpid())
+    out = pool.spawn(_sum, 2, learner_source=ATTACKS)  # the slots came back
+    assert [t.tolist() for t in out] == [[3.0, 3.0]] * 2
+
+
+def _sum(d):
+    import torch.distributed as tdist
+
+    t = torch.full((2,), float(d.rank + 1))
+    tdist.all_reduce(t)
+    return t
+
+
+def test_refuses_clearly_without_bwrap(monkeypatch):
+    monkeypatch.setattr(bwrap.shutil, "which", lambda name: None)
+    with pytest.raises(bwrap.SandboxUnavailable, match="apt-get install bubblewrap"):
+        bwrap.require()
+    with pytest.raises(bwrap.SandboxUnavailable):
+        SandboxPool(max_world=1)
+
+
+def test_spawn_refuses_inside_the_sandbox(monkeypatch):
+    import importlib
+
+    launch_spawn = importlib.import_module("helpers.launch.spawn")
+
+    monkeypatch.setenv("WORKBOOK_SANDBOX", "1")
+    launch_spawn.warm_up()  # does nothing
+    with pytest.raises(RuntimeError, match="grading sandbox"):
+        launch_spawn.spawn(_sum, 2)
