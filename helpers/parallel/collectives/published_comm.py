@@ -10,8 +10,10 @@ is copied from the source named beside it; nothing here is measured by the workb
     SWEEP_H200      nccl-tests all_reduce_perf on 8 H200 of one node, 32 KiB .. 16 GiB
     SWEEP_B200      the same sweep through torch.distributed on 1 node (8 B200) and on
                     4 nodes (32 B200, EFA between nodes)
-    LINKS           the links of the three sites, their spec bandwidth and published
-                    all-reduce bus bandwidths over them
+    LINKS           the links of the three sites' GPU nodes (4-GPU NVLink meshes, 8-GPU
+                    NVSwitch nodes, PCIe, the networks), their spec bandwidth and the
+                    published all-reduce bus bandwidths over them; link_shares divides each
+                    by the spec of the link it was measured on
 
 ``fit_sweep`` fits the ring formula's alpha and beta to a published sweep the way 02 fits
 its ping-pong: beta from the largest messages, alpha from the smallest.
@@ -26,7 +28,7 @@ import numpy as np
 from helpers.parallel.collectives.costmodel import AlphaBeta, fit_pingpong
 
 __all__ = ["ML_ENGINEERING", "RING_VS_RANKS", "SWEEP_H200", "SWEEP_B200", "LINKS", "fit_sweep",
-           "sweep_times"]  # fmt: skip
+           "link_shares", "sweep_times"]  # fmt: skip
 
 KIB, MIB, GIB = 2**10, 2**20, 2**30
 GB = 1e9  # the sources' GBps are decimal: 1 GBps = 1e9 bytes per second
@@ -79,25 +81,50 @@ SWEEP_B200 = {
     "source": ML_ENGINEERING + ', section "Inter-node speed depends on intra-node speed"',
 }
 
-# The links of the sites, per direction. Spec figures: ML Engineering's tables (PCIe, NVLink,
-# InfiniBand, Slingshot). Bus bandwidths: the measurements named in "measured".
+# The links of the sites' GPU nodes, per GPU and direction, and the all-reduce bus bandwidths
+# published over each. "spec_GBps" is the link a measurement ran on, so "busbw_GBps / spec_GBps"
+# is the share of its own link a ring reached; a row with busbw_GBps None has no published
+# measurement (helpers.cluster.nccl_tests writes the job that measures it). Node shapes:
+# slurm/profiles/ and helpers/gpus.py. Spec figures: ML Engineering's tables; NVLink 3 and 4
+# carry 25 GB/s per link and direction (A100: 12 links, H100/H200 SXM: 18); a 4-GPU HGX board
+# joins its GPUs directly, all links split among the 3 peers, with no NVSwitch (so no NVLink
+# SHARP), while 8-GPU boards go through NVSwitches. PCIe x16 per direction: 4.0 31.5 GB/s,
+# 5.0 63 GB/s.
 LINKS = [
-    {"link": "PCIe 4.0 x16", "sites": "Engaging L40S nodes (no NVLink between GPUs)",
-     "spec_GBps": 31, "measured": "28 GB/s on 8 GPUs over PCIe 5.0 (NVIDIA/nccl#1639: "
-     "on PCIe the CPU and memory set the limit)"},
-    {"link": "NVLink 3 (A100 SXM)", "sites": "Perlmutter (4 per node), Jean Zay A100 (8 per node)",
-     "spec_GBps": 300, "measured": "232 GB/s on 8 A100 (NVIDIA/nccl-tests#175)"},
-    {"link": "NVLink 4 (H100, H200 SXM)", "sites": "Engaging H200, Jean Zay H100",
-     "spec_GBps": 450, "measured": "367 GB/s ring, 482 GB/s with NVLink SHARP, on 8 H200 "
-     "(ML Engineering)"},
+    {"link": "PCIe 4.0 x16", "sites": "Engaging L40S nodes (PCIe only between GPUs)",
+     "spec_GBps": 31.5, "busbw_GBps": None,
+     "measured": "none found for L40S; on a PCIe 4.0 node NCCL's own topology search rated the "
+     "path 24 GB/s (NCCL_DEBUG=INFO, NVIDIA/nccl-tests#307)"},
+    {"link": "PCIe 5.0 x16", "sites": "none of the three (for comparison)", "spec_GBps": 63,
+     "busbw_GBps": 28, "measured": "28 GB/s on 8 RTX 5090 over PCIe 5.0, 35 on 4 (NVIDIA/nccl#1639: on PCIe "
+     "the CPU and memory set the limit)"},
+    {"link": "NVLink 3, 4 A100 in a direct mesh (no NVSwitch)",
+     "sites": "Perlmutter (4 A100 SXM4 40 GB per node: 4 links, 100 GB/s, to each peer)",
+     "spec_GBps": 300, "busbw_GBps": None, "measured": "none found: the nccl-tests job below"},
+    {"link": "NVLink 3 through NVSwitch, 8 A100", "sites": "Jean Zay A100 nodes (gpu_p5, 8 per node)",
+     "spec_GBps": 300, "busbw_GBps": 232, "measured": "232 GB/s on 8 A100 (NVIDIA/nccl-tests#175)"},
+    {"link": "NVLink 4, 4 H100/H200 in a direct mesh (no NVSwitch)",
+     "sites": "Jean Zay H100 nodes (gpu_p6, 4 per node: 6 links, 150 GB/s, to each peer); "
+     "Engaging H200 nodes (4 per node; `nvidia-smi topo -m` says how they are joined)",
+     "spec_GBps": 450, "busbw_GBps": None, "measured": "none found: the nccl-tests job below"},
+    {"link": "NVLink 4 through NVSwitch, 8 H100/H200", "sites": "none of the three (8-GPU nodes)",
+     "spec_GBps": 450, "busbw_GBps": 367, "measured": "367 GB/s ring, 482 GB/s with NVLink SHARP "
+     "(NVLS: the NVSwitch reduces), on 8 H200 (ML Engineering)"},
     {"link": "InfiniBand HDR, 200 Gb/s per NIC", "sites": "between nodes (Jean Zay: InfiniBand)",
-     "spec_GBps": 25, "measured": "96 GB/s peak with 4 NICs per node, about 24 per NIC "
-     "(NVIDIA/nccl-tests#119)"},
-    {"link": "InfiniBand NDR, 400 Gb/s per NIC", "sites": "between nodes",
-     "spec_GBps": 50, "measured": "46-48 GB/s per NIC expected (NVIDIA, nccl-tests#290)"},
+     "spec_GBps": 25, "busbw_GBps": 24, "measured": "96 GB/s peak with 4 NICs per node, about 24 "
+     "per NIC (NVIDIA/nccl-tests#119)"},
+    {"link": "InfiniBand NDR, 400 Gb/s per NIC", "sites": "between nodes", "spec_GBps": 50,
+     "busbw_GBps": 47, "measured": "46-48 GB/s per NIC expected (NVIDIA, nccl-tests#290)"},
     {"link": "Slingshot-11, 200 Gb/s per NIC", "sites": "Perlmutter: 4 NICs per GPU node, "
-     "NCCL through the aws-ofi-nccl plugin", "spec_GBps": 25, "measured": "none found"},
+     "NCCL through the aws-ofi-nccl plugin", "spec_GBps": 25, "busbw_GBps": None,
+     "measured": "none found: the nccl-tests job below"},
 ]  # fmt: skip
+
+
+def link_shares(links=None) -> dict[str, float]:
+    """{link: published bus bandwidth / the spec of the link it was measured on}, measured rows."""
+    rows = LINKS if links is None else links
+    return {r["link"]: r["busbw_GBps"] / r["spec_GBps"] for r in rows if r["busbw_GBps"]}
 
 
 def sweep_times(n_bytes: Sequence[float], busbw_GBps: Sequence[float], ranks: int) -> np.ndarray:
