@@ -211,8 +211,9 @@ def test_runs_as_nobody_with_its_two_descriptors(pool):
     expected = bwrap.NOBODY if os.geteuid() == 0 else os.geteuid()
     assert (uid, gid) == (expected, bwrap.NOBODY if os.geteuid() == 0 else os.getegid())
     assert pid < 100 and cwd == home  # its own PID namespace; the scratch dir is home
-    # /dev/null, then pipes to the slot (output, requests, results): no socket, no file
-    assert fds == ["/dev/null", *["pipe"] * 4], fds
+    # /dev/null, its output and result pipes and its request socket, all to the slot: no
+    # file, nothing to the grader or to another sandbox
+    assert fds == ["/dev/null", "pipe", "pipe", "pipe", "socket"], fds
     (rank_fds,) = [r[-1] for r in pool.spawn(_who_rank, 1, learner_source=ATTACKS)]
     assert rank_fds == ["/dev/null", "pipe", "pipe", "pipe", "socket"], rank_fds  # the relay
 

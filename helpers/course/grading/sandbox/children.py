@@ -10,6 +10,7 @@ the ones named) is stopped, killed and reaped. ``wipe`` empties the writable pla
 from __future__ import annotations
 
 import os
+import select
 import selectors
 import shutil
 import signal
@@ -30,6 +31,10 @@ class Child:
         self.reader = wire.Reader()
         self.results: list[tuple[dict, bytes]] = []
         self.garbled = False
+
+    def alive(self) -> bool:
+        """Not exited yet (its pidfd turns readable when it exits)."""
+        return not select.select([self.pidfd], [], [], 0)[0]
 
     def pump(self, ctrl: socket.socket, request: bytes = b"", stop_at_result: bool = False) -> str:
         """Forward output and collect results until "exit", "result" or "kill" (returned).
@@ -138,15 +143,16 @@ def _kill_asked(ctrl: socket.socket) -> bool:
 
 def fork(target, *args, requests: bool = False, keep_fds=()) -> Child:
     """Fork ``target(fds, *args)``: fd 1 and 2 are its out and err pipes, fds["r"] its
-    result pipe, fds["q"] its request pipe when ``requests``; of the slot's descriptors it
-    keeps ``keep_fds`` only. The child exits after ``target``."""
+    result pipe, fds["q"] its request socket when ``requests`` (a socket, so that a
+    descriptor can follow: a rank's relay); of the slot's descriptors it keeps
+    ``keep_fds`` only. The child exits after ``target``."""
     ours, theirs = {}, {}
     for name in "oer":
         r, w = os.pipe()
         ours[name], theirs[name] = r, w
     if requests:
-        r, w = os.pipe()
-        ours["q"], theirs["q"] = w, r
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        ours["q"], theirs["q"] = a.detach(), b.detach()
     pid = os.fork()
     if pid == 0:
         os.dup2(theirs.pop("o"), 1)

@@ -1,6 +1,6 @@
 """Inside a sandbox: the body of a forked rank, and of the learner process for direct calls.
 
-A rank (``run_rank``) builds the learner's namespace, unpickles the test's function and
+A rank (``run_rank``, forked ahead of its job and waiting in ``wait_for_job``) builds the learner's namespace, unpickles the test's function and
 arguments (the grader's ``LearnerRef``s become the learner's objects), joins the relay
 process group on the socket it was given (``relay.backend.connect``: every message goes
 through the grader, which records it), runs ``fn(d, *args)`` and writes its value as data
@@ -18,7 +18,7 @@ import sys
 
 from helpers.course.grading.sandbox import learner, wire
 
-__all__ = ["run_rank", "serve_calls"]
+__all__ = ["run_rank", "serve_calls", "wait_for_job"]
 
 
 def _become(threads: int, env: dict[str, str]) -> None:
@@ -112,6 +112,25 @@ def run_rank(fds: dict[str, int], job: dict, request: dict, relay_fd: int | None
             _write_frame(fds["r"], header, blob)
         finally:
             os._exit(status)
+
+
+def wait_for_job(fds: dict[str, int]) -> None:
+    """A rank forked ahead of its job (the fork is off the job's path): wait for the job on
+    the request socket, with the relay socket after it when the job has a group."""
+    import pickle
+    import socket
+
+    sock = socket.socket(fileno=fds["q"])
+    frame = wire.recv_blocking(sock)
+    if frame is None:  # the slot went away
+        os._exit(0)
+    job, blob = frame
+    relay = None
+    if job.get("group"):
+        _, passed, _, _ = socket.recv_fds(sock, 1, 1)
+        relay = passed[0] if passed else None
+    sock.close()
+    run_rank(fds, job, pickle.loads(blob), relay)
 
 
 def _read_request(fd: int):
