@@ -1021,3 +1021,75 @@ class GatheredLinear(torch.autograd.Function):
         grad_shard = torch.empty(layer.size, dtype=full.dtype, device=full.device)
         compat.reduce_scatter_single(grad_shard, full)  # the sum of my S elements over the ranks
         return grad_x, grad_shard / layer.world, None
+
+# === wrong: zero3_gathers_into_a_module_cache
+# Wants forward to allocate nothing, so it keeps one gather buffer per size in a dictionary of
+# the module, made when a layer is built and reused by every gather. Outputs, gradients and
+# messages are right, the layer's own attributes hold only the shard, and forward allocates
+# nothing new: yet every rank holds full-size weights between layers and between steps, outside
+# the layer. Counting every tensor the rank can reach at the end of forward shows it.
+# %% cell: zero3
+import math
+
+import torch
+import torch.distributed as tdist
+import torch.nn.functional as F
+from torch import nn
+
+from helpers import compat
+
+_GATHER_BUFFERS = {}  # (elements, dtype, device) -> a buffer shared by the layers of that size
+
+
+def gather_buffer(numel, dtype, device):
+    key = (numel, dtype, str(device))
+    if key not in _GATHER_BUFFERS:
+        _GATHER_BUFFERS[key] = torch.empty(numel, dtype=dtype, device=device)
+    return _GATHER_BUFFERS[key]
+
+
+class ShardedLinear(nn.Module):
+    """ZeRO-3 for one nn.Linear: this rank keeps only `self.shard`, its S = ceil(P/N)
+    elements of the zero-padded flat vector [weight (row by row), bias]."""
+
+    def __init__(self, linear: nn.Linear, d):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.world = d.world_size
+        self.numel = linear.weight.numel() + linear.bias.numel()
+        self.size = math.ceil(self.numel / self.world)
+        flat = torch.cat([linear.weight.detach().reshape(-1), linear.bias.detach()])
+        flat = F.pad(flat, (0, self.size * self.world - self.numel))
+        self.shard = nn.Parameter(flat[d.rank * self.size : (d.rank + 1) * self.size].clone())
+        gather_buffer(self.size * self.world, flat.dtype, flat.device)  # ready before the first call
+
+    def gather(self) -> tuple[torch.Tensor, torch.Tensor]:
+        full = gather_buffer(self.size * self.world, self.shard.dtype, self.shard.device)
+        compat.all_gather_single(full, self.shard.detach())
+        n_weight = self.out_features * self.in_features
+        return full[:n_weight].view(self.out_features, self.in_features), full[n_weight : self.numel]
+
+    def forward(self, x):
+        return GatheredLinear.apply(x, self.shard, self)
+
+
+class GatheredLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, shard, layer):
+        weight, bias = layer.gather()
+        ctx.save_for_backward(x)
+        ctx.layer = layer
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (x,) = ctx.saved_tensors
+        layer = ctx.layer
+        weight, _ = layer.gather()
+        grad_x = grad_out @ weight
+        g2, x2 = grad_out.reshape(-1, layer.out_features), x.reshape(-1, layer.in_features)
+        full = torch.cat([(g2.T @ x2).reshape(-1), g2.sum(0)])
+        full = F.pad(full, (0, layer.size * layer.world - layer.numel))
+        grad_shard = torch.empty(layer.size, dtype=full.dtype, device=full.device)
+        compat.reduce_scatter_single(grad_shard, full)
+        return grad_x, grad_shard / layer.world, None

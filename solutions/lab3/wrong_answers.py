@@ -299,3 +299,41 @@ def gpipe_step(d, stage: nn.Module, x: torch.Tensor, y: torch.Tensor, m: int):
         if r > 0:
             tdist.send(inputs[i].grad, dst=r - 1)
     return torch.stack(losses).sum().detach() if r == p - 1 else None
+
+# === wrong: each_microbatch_forward_then_backward
+# Takes "the gradients accumulate" to mean one micro-batch at a time: forward, loss, backward,
+# then the next micro-batch. The gradients, the loss and every message (their count, sizes
+# and contents) are GPipe's, but stage r + 1 can only start micro-batch i + 1 once micro-batch
+# i has come all the way back: the stages take turns and never overlap. Only the order of the
+# messages shows it (a forward message after a backward one).
+# %% cell: gpipe_step
+%%program lab3_gpipe
+import torch
+import torch.distributed as tdist
+from torch import nn
+
+
+def gpipe_step(d, stage: nn.Module, x: torch.Tensor, y: torch.Tensor, m: int):
+    r, p = d.rank, d.world_size
+    first, last = r == 0, r == p - 1
+    total = None
+    for x_i, y_i in zip(x.chunk(m), y.chunk(m)):
+        if first:
+            h = x_i
+        else:
+            h = torch.empty_like(x_i)
+            tdist.recv(h, src=r - 1)
+            h.requires_grad_()
+        out = stage(h)
+        if last:
+            loss = nn.functional.mse_loss(out, y_i) / m
+            loss.backward()
+            total = loss.detach() if total is None else total + loss.detach()
+        else:
+            tdist.send(out.detach(), dst=r + 1)
+            grad = torch.empty_like(out)
+            tdist.recv(grad, src=r + 1)
+            out.backward(grad)
+        if not first:
+            tdist.send(h.grad, dst=r - 1)
+    return total

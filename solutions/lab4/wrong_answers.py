@@ -433,3 +433,50 @@ class GatherFromTP(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return grad.chunk(tdist.get_world_size(), dim=-1)[tdist.get_rank()].contiguous()
+
+# === wrong: f_backward_sums_into_grad
+# f's backward all-reduces straight into the gradient autograd handed it, to save a copy. Every
+# value the tests compare is right (the sum arrives, and the all-reduce carried this rank's own
+# gradient when it left), but autograd gives that same tensor to every other consumer of f's
+# output: a residual branch beside f would receive the sum over the ranks instead of its own
+# gradient. The tests look at the handed gradient after backward.
+# %% cell: comm_ops
+%%program lab4_ops
+import torch
+import torch.distributed as tdist
+
+
+class CopyToTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()  # already contiguous: the same tensor
+        tdist.all_reduce(grad)
+        return grad
+
+
+class ReduceFromTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        out = x.contiguous().clone()
+        tdist.all_reduce(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class GatherFromTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        parts = [torch.empty_like(x) for _ in range(tdist.get_world_size())]
+        tdist.all_gather(parts, x.contiguous())
+        return torch.cat(parts, dim=-1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.chunk(tdist.get_world_size(), dim=-1)[tdist.get_rank()].contiguous()

@@ -632,3 +632,44 @@ class BucketedDDP(nn.Module):
         self.pending.clear()
         self.ready = [0] * len(self.buckets)
         ### END SOLUTION
+
+# === wrong: hooks_wait_except_on_rank_0
+# Waits for each all-reduce inside its hook "so that a gradient is never read half-reduced",
+# except on rank 0, which is left free because it broadcast the start. Every gradient, message
+# and order is right, and rank 0's backward returns without waiting; but on every other rank
+# backward stops in each hook until all ranks have caught up, so nothing overlaps there. Only
+# a hold on rank 0, waiting for another rank's backward to return, shows it.
+# %% cell: overlap_ddp
+%%program lab6_overlap
+import torch
+import torch.distributed as tdist
+from torch import nn
+
+
+class OverlapDDP(nn.Module):
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.module = module
+        self.world_size = tdist.get_world_size()
+        self.rank = tdist.get_rank()
+        for t in [*module.parameters(), *module.buffers()]:
+            tdist.broadcast(t.data, src=0)
+        self.pending = []
+        for p in module.parameters():
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(self._hook)
+
+    def _hook(self, p: torch.Tensor) -> None:
+        work = tdist.all_reduce(p.grad, async_op=True)
+        if self.rank != 0:
+            work.wait()  # the reduced gradient is ready before backward goes on
+        self.pending.append((work, p))
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def finish(self) -> None:
+        for work, p in self.pending:
+            work.wait()
+            p.grad /= self.world_size
+        self.pending.clear()

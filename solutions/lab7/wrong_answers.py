@@ -281,3 +281,41 @@ def ring_attention(d, q, k, v, positions, causal=False):
                 req.wait()
             kv = nxt
     return out
+
+# === wrong: keeps_every_block_attends_at_the_end
+# Passes the blocks round the ring exactly as asked, but keeps each one it receives and, once
+# all have arrived, attends over the whole sequence at once, with no merge. The output and the
+# messages are right, yet a rank ends up holding every K/V block: the memory ring attention
+# exists to save grows with the sequence again, and no compute overlaps a transfer. The bytes a
+# rank holds at once show it.
+# %% cell: ring_attention
+%%program lab7_ring
+import torch
+import torch.distributed as tdist
+
+if __name__ != "__main__":
+    from lab7_blocks import block_attention, causal_mask, merge
+
+
+def ring_attention(d, q, k, v, positions, causal=False):
+    n, r = d.world_size, d.rank
+    right, left = (r + 1) % n, (r - 1) % n
+    kv = torch.stack([k, v])
+    held = {r: kv}  # owner rank -> its K/V block
+    for step in range(n - 1):
+        src = (r - step) % n
+        nxt = torch.empty((*kv.shape[:-2], len(positions[(src - 1) % n]), kv.shape[-1]),
+                          dtype=kv.dtype, device=kv.device)
+        reqs = tdist.batch_isend_irecv([tdist.P2POp(tdist.isend, kv, right), tdist.P2POp(tdist.irecv, nxt, left)])
+        for req in reqs:
+            req.wait()
+        kv = nxt
+        held[(src - 1) % n] = kv
+    owners = sorted(held)
+    keys = torch.cat([held[j][0] for j in owners], dim=-2)
+    values = torch.cat([held[j][1] for j in owners], dim=-2)
+    mask = None
+    if causal:
+        mask = causal_mask(positions[r], torch.cat([positions[j] for j in owners])).to(q.device)
+    out, _ = block_attention(q, keys, values, mask)
+    return out

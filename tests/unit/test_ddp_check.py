@@ -51,3 +51,28 @@ def test_buckets_of_another_cap_are_named():
     problems = order_problems(sent, reverse_buckets(NUMELS, 8, 320), NUMELS)
     assert "bucket 0 (parameters [4, 3], 40 elements) was complete but" in problems[0], problems
     assert "carried 47 elements; the bucket holds 7" in problems[1], problems
+
+
+def test_a_hold_of_the_second_step_is_read_too():
+    # Rank 0 holds in step 1 (rank 1 in step 0): a wrapper whose hooks wait on every rank but
+    # rank 0 lets step 0's hold go and fails step 1's, which streamed_order must not drop.
+    from types import SimpleNamespace
+
+    from helpers.course.grading.checks.ddp_check import streamed_order
+
+    events = []
+    for step, ok in ((0, True), (1, False)):
+        for i in ARRIVAL:
+            events.append({"kind": "grad", "param": i, "step": step})
+            if i == 4:
+                events.append(
+                    {"kind": "held", "ok": ok, "step": step, "waiting_for": [] if ok else [1]}
+                )
+            events.append({"kind": "op", "op": "all_reduce", "numel": NUMELS[i]})
+    rec = SimpleNamespace(label="your DDP order", closed=True, events=events)
+    order = streamed_order([rec], rank=0, exercise="your DDP", case=0)
+    assert order.count(("held", True)) == 1 and order.count(("held", False)) == 1, order
+    assert [e for e in order if e[0] == "grad"] == [("grad", i) for i in ARRIVAL]  # step 0's only
+    per_parameter = [[i] for i in range(5)]
+    problems = order_problems(order, per_parameter, NUMELS)
+    assert len(problems) == 1 and "waited for its all-reduce" in problems[0], problems

@@ -47,7 +47,8 @@ __all__ = [
 
 
 def streamed_order(recs: list, rank: int, exercise: str, case: int) -> list[tuple]:
-    """Rank's events of step 0 in the order they happened, as streamed to this process."""
+    """Rank's events of step 0 in the order they happened, as streamed to this process, and
+    its holds of every step (("held", ok): rank 1 holds in step 0, rank 0 in step 1)."""
     recs = [r for r in recs if r.label == f"{exercise} order"][case : case + 1]
     if len(recs) != 1 or not recs[0].closed:
         raise AssertionError(f"rank {rank}: the order of its gradients and all-reduces was not "
@@ -56,14 +57,14 @@ def streamed_order(recs: list, rank: int, exercise: str, case: int) -> list[tupl
     for e in recs[0].events:
         if e["kind"] == "grad":
             step = e["step"]
-        if step > 0:
-            break
-        if e["kind"] == "grad":
+        if e["kind"] == "held":
+            seen.append(("held", e["ok"]))
+        elif step > 0:
+            continue
+        elif e["kind"] == "grad":
             seen.append(("grad", e["param"]))
         elif e["kind"] == "op":
             seen.append((e["op"], e["numel"]))
-        elif e["kind"] == "held":
-            seen.append(("held", e["ok"]))
     return seen
 
 
@@ -87,14 +88,16 @@ def order_problems(order: list[tuple], buckets: list[list[int]], numels: list[in
 
     Each bucket (one parameter each for the per-parameter DDP) must have its all-reduce
     issued right after its last gradient became ready, before the next gradient, carrying
-    the bucket's elements; no other all-reduce; every rank 1 hold released by rank 0.
+    the bucket's elements; no other all-reduce; every hold (this rank holding back its first
+    gradient until every other rank's backward has returned) released in time.
     """
     problems = []
     if ("held", False) in order:
         problems.append(
-            "rank 0's backward() did not return while rank 1 had not started its own: your "
-            "hook waited for its all-reduce (which needs every rank). Start it with "
-            "async_op=True, keep the work, and wait for it in finish()"
+            "while this rank held back its first gradient (rank 1 does in step 0, rank 0 in "
+            "step 1), another rank's backward() did not return: a hook waited for its "
+            "all-reduce (which needs every rank, the held one too). On every rank, start it "
+            "with async_op=True, keep the work, and wait for it in finish()"
         )
     bucket_of = {i: b for b, members in enumerate(buckets) for i in members}
     ready = [0] * len(buckets)
@@ -135,8 +138,8 @@ def _on_ranks(d, wraps, cases, folder, exercise, hold):
     Once a hold has waited in vain, the later cases do not hold (the first one fails)."""
     out = []
     for i, (wrap, (steps, lr, tamper)) in enumerate(zip(wraps, cases, strict=True)):
-        flag = os.path.join(folder, f"done-{i}") if hold else None
-        out.append(train_watched(d, wrap, steps, lr, flag, tamper, exercise))
+        flags = os.path.join(folder, f"done-{i}") if hold else None
+        out.append(train_watched(d, wrap, steps, lr, flags, tamper, exercise))
         hold = hold and out[-1]["held_ok"]
     return out
 
@@ -159,8 +162,9 @@ def run_cases(
     exercise: str = "your DDP",
 ) -> list[Run]:
     """Each case (steps, lr, tamper or None) of ``wrap`` (or of its wrap in a list, one per
-    case) on ``world`` ranks, in one spawn. hold: rank 1 holds its first gradient hook until
-    rank 0's backward has returned (the overlap check; a waiting hook costs HOLD_S)."""
+    case) on ``world`` ranks, in one spawn. hold: in step 0 rank 1, in step 1 rank 0, holds its
+    first gradient hook until every other rank's backward has returned (the overlap check, on
+    every rank when a case has 2 steps; a waiting hook costs HOLD_S)."""
     wraps = wrap if isinstance(wrap, list) else [wrap] * len(cases)
     with EventLog() as log, tempfile.TemporaryDirectory(prefix="lab6-") as folder:
         args = (wraps, cases, folder, exercise, hold)

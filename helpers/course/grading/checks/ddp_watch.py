@@ -9,9 +9,12 @@ different), hands it to the learner's wrapper and trains a few SGD steps, while:
 * a second stream, on one socket so that its order is the order things happened, says when
   each gradient became ready (a post-accumulate-grad hook registered on every trainable
   parameter *before* the learner's, so it fires first) and when each collective was issued;
-* in the first step, rank 1 holds its first gradient hook until rank 0's ``backward()`` has
-  returned (at most ``HOLD_S``). A wrapper whose hooks wait for their all-reduce blocks rank
-  0 inside backward until rank 1 joins: rank 1 then reports that it waited in vain.
+* in each of the first two steps one rank, the *holder* (rank 1 in step 0, rank 0 in step 1),
+  holds its first gradient hook until every other rank's ``backward()`` has returned (at most
+  ``HOLD_S``). A wrapper whose hooks wait for their all-reduce blocks those ranks inside
+  backward until the holder joins: the holder then reports that it waited in vain. Two steps,
+  so that every rank's hooks are checked, rank 0's and rank 1's included (a wrapper that
+  waits on every rank but one is caught).
 
 ``single_process`` is what every rank must end with. The grader's side is
 helpers.course.grading.checks.ddp_check.
@@ -32,7 +35,18 @@ from helpers.course.grading.recorder.traffic import Tamper, record_traffic
 
 __all__ = ["HOLD_S", "TinyNet", "single_process", "train_watched"]
 
-HOLD_S = 4.0  # how long rank 1 waits for rank 0's backward to return in step 0
+HOLD_S = 4.0  # how long the holder waits for the other ranks' backward to return
+HOLD_STEPS = 2  # steps with a holder: rank 1 in step 0, rank 0 in step 1
+
+
+def holder(step: int) -> int:
+    """The rank that holds its first gradient hook in ``step`` (< HOLD_STEPS)."""
+    return 1 if step == 0 else 0
+
+
+def returned_flag(flags: str, step: int, rank: int) -> str:
+    """The file rank creates once its ``backward()`` of ``step`` has returned."""
+    return f"{flags}-s{step}-r{rank}"
 
 
 class TinyNet(nn.Module):
@@ -103,30 +117,44 @@ class _Order(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _watch_grads(params, out, rank: int, flag: str | None) -> list:
-    """Hooks, registered before the learner's: stream 'grad i'; rank 1 holds its first
-    (unless flag is None) until the file ``flag`` exists."""
-    state = {"step": 0, "first": flag is not None, "held_ok": True}
+def _hold(flags: str, step: int, rank: int, world: int) -> list[int]:
+    """Wait (at most HOLD_S) until every other rank's backward of ``step`` has returned; the
+    ranks whose backward had not returned by then."""
+    others = [r for r in range(world) if r != rank]
+    deadline = time.monotonic() + HOLD_S
+    while time.monotonic() < deadline:
+        missing = [r for r in others if not os.path.exists(returned_flag(flags, step, r))]
+        if not missing:
+            return []
+        time.sleep(0.005)
+    return [r for r in others if not os.path.exists(returned_flag(flags, step, r))]
+
+
+def _watch_grads(params, out, rank: int, world: int, flags: str | None) -> list:
+    """Hooks, registered before the learner's: stream 'grad i'; in step s < HOLD_STEPS the
+    holder(s) holds its first (unless flags is None) until the other ranks' backward returned."""
+    state = {"step": 0, "first": flags is not None and world > 1, "held_ok": True}
 
     def make(i):
         def hook(p):
+            step = state["step"]
             if out is not None:
-                out.send({"kind": "grad", "param": i, "step": state["step"]})
-            if rank == 1 and state["step"] == 0 and state["first"]:
-                state["first"] = False
-                deadline = time.monotonic() + HOLD_S
-                while not os.path.exists(flag) and time.monotonic() < deadline:
-                    time.sleep(0.005)
-                state["held_ok"] = os.path.exists(flag)
+                out.send({"kind": "grad", "param": i, "step": step})
+            if state["first"] and step < HOLD_STEPS and rank == holder(step):
+                state["first"] = False  # once per step: train_watched sets it again
+                missing = _hold(flags, step, rank, world)
+                state["held_ok"] = state["held_ok"] and not missing
                 if out is not None:
-                    out.send({"kind": "held", "ok": state["held_ok"]})
+                    out.send(
+                        {"kind": "held", "ok": not missing, "step": step, "waiting_for": missing}
+                    )
 
         return hook
 
     return [p.register_post_accumulate_grad_hook(make(i)) for i, p in enumerate(params)], state
 
 
-def train_watched(d, wrap: Callable, steps: int, lr: float, flag: str | None, tamper: Tamper | None = None,
+def train_watched(d, wrap: Callable, steps: int, lr: float, flags: str | None, tamper: Tamper | None = None,
                   exercise: str = "your DDP") -> dict:  # fmt: skip
     """On this rank: TinyNet(seed=rank) wrapped by ``wrap(model)``, ``steps`` SGD steps on
     this rank's batches (backward, ``finish()``, step), watched as the module docstring says.
@@ -134,7 +162,7 @@ def train_watched(d, wrap: Callable, steps: int, lr: float, flag: str | None, ta
     the final state (all flat float64 tensors)."""
     model = TinyNet(seed=1000 + d.rank)
     out = events.sender(f"{exercise} order")
-    handles, state = _watch_grads(trainable(model), out, d.rank, flag)
+    handles, state = _watch_grads(trainable(model), out, d.rank, d.world_size, flags)
     grads = []
     try:
         with record_traffic(
@@ -145,11 +173,12 @@ def train_watched(d, wrap: Callable, steps: int, lr: float, flag: str | None, ta
                 start = flat_state(model)
                 for step in range(steps):
                     state["step"] = step
+                    state["first"] = flags is not None and d.world_size > 1 and state["held_ok"]
                     x, y = batch(step, d.rank)
                     model.zero_grad(set_to_none=True)
                     nn.functional.cross_entropy(net(x), y).backward()
-                    if step == 0 and d.rank == 0 and flag is not None:
-                        open(flag, "w").close()  # rank 0's backward has returned
+                    if flags is not None and step < HOLD_STEPS and d.rank != holder(step):
+                        open(returned_flag(flags, step, d.rank), "w").close()  # backward returned
                     net.finish()
                     grads.append(torch.cat([p.grad.flatten() for p in trainable(model)]))
                     sgd(model, lr)
