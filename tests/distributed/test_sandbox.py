@@ -160,6 +160,12 @@ ATTACKS = textwrap.dedent(
 
     def kill_everyone(d):
         os.kill(-1, 9)
+
+    def spin(d):
+        import signal
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        while True:
+            pass
     '''
 )
 
@@ -381,3 +387,11 @@ def test_spawn_refuses_inside_the_sandbox(monkeypatch):
     launch_spawn.warm_up()  # does nothing
     with pytest.raises(RuntimeError, match="grading sandbox"):
         launch_spawn.spawn(_sum, 2)
+
+
+def test_programs_are_modules_and_a_spinning_rank_is_stopped(pool):
+    source = "from lab_mod import X\n\ndef plus_one():\n    return X + 1\n"
+    assert pool.call("plus_one", learner_source=source, programs={"lab_mod": "X = 41"}) == 42
+    with pytest.raises(RankFailure, match="timed out after 2 s"):
+        spawn(pool, "spin", 2, timeout=2)
+    assert [t.tolist() for t in pool.spawn(_sum, 2, learner_source=ATTACKS)] == [[3.0, 3.0]] * 2

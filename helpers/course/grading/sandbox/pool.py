@@ -48,7 +48,7 @@ from helpers.course.grading.sandbox.outcome import (
 )
 from helpers.launch.torchrun import threads_per_rank
 
-__all__ = ["SandboxPool", "shared_pool"]
+__all__ = ["SandboxPool"]
 
 KILL_GRACE = 5.0  # seconds a slot has to report "done" after "kill" before it is restarted
 
@@ -321,16 +321,3 @@ def _send_kill(slot: Slot) -> None:
         slot.send({"kind": "kill"})
     except OSError:
         pass
-
-
-_SHARED: SandboxPool | None = None
-
-
-def shared_pool(max_world: int = 4, **kwargs) -> SandboxPool:
-    """One pool per grading process, made on first use and reused by every notebook."""
-    global _SHARED
-    if _SHARED is None or _SHARED.max_world < max_world:
-        if _SHARED is not None:
-            _SHARED.close()
-        _SHARED = SandboxPool(max_world, **kwargs)
-    return _SHARED
