@@ -183,13 +183,17 @@ def own_attention(exercise: str = "this exercise") -> Iterator[None]:
 
 @contextlib.contextmanager
 def watch_ring(
-    exercise: str = "ring_attention", tamper: Callable | None = None
+    exercise: str = "ring_attention", tamper: Tamper | Callable | None = None
 ) -> Iterator[RingLog]:
     """Record this rank's ring (see module docstring): collectives refused, messages logged
     and their contents streamed (and tampered with), the workbook's answers and torch's fused
-    attention switched off. The yielded RingLog is the rank's own copy (for demonstrations)."""
+    attention switched off. The yielded RingLog is the rank's own copy (for demonstrations).
+    ``tamper``: a Tamper the grading process made (under the relay only those apply), or a
+    change for this rank's sends (a learner's own kernel)."""
     rank = tdist.get_rank() if tdist.is_initialized() else 0
-    change = None if tamper is None else Tamper(rank, ("send", "isend"), tamper, nth=None)
+    change = tamper
+    if tamper is not None and not isinstance(tamper, Tamper):
+        change = Tamper(rank, ("send", "isend"), tamper, nth=None)
     with record_traffic(exercise=exercise, content=True, tamper=change) as traffic:
         with own_attention(exercise):
             log = RingLog(traffic)

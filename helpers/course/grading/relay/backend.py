@@ -305,3 +305,17 @@ def flush() -> None:
     chan = channel()
     if chan is not None and not chan.closed:
         chan.call({"t": "sync"})
+
+
+def note(text: str) -> None:
+    """Post a note about this rank ("backward returned in step 0"), for the lab's own watchers.
+
+    Notes are not messages between ranks: the switch keeps them as ``"rank R: text"`` with
+    R the posting rank, and a rank can only ask whether given notes exist (``noted``)."""
+    _CHANNEL[0].post({"t": "note", "key": text})
+
+
+def noted(notes) -> set[str]:
+    """Which of ``notes`` (``"rank R: text"``) have been posted."""
+    head, _ = _CHANNEL[0].call({"t": "noted", "keys": list(notes)})
+    return set(head.get("keys", ()))

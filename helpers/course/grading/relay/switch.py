@@ -60,6 +60,11 @@ class _Rank:
     alive: bool = True
 
 
+def _own_note(rank: int, key) -> str:
+    """A note is about the rank that posts it: its text is prefixed with that rank."""
+    return f"rank {rank}: {str(key)[:200]}"
+
+
 class RelaySwitch:
     """Serve the ranks' sockets (one per global rank) until ``close()``."""
 
@@ -70,6 +75,7 @@ class RelaySwitch:
             sock.settimeout(reply_timeout)  # replies block at most this long on a stalled rank
             self.ranks.append(_Rank(sock, FrameReader(sock), Marks(r)))
         self.errors: list[str] = []  # frames the switch could not make sense of
+        self._notes: set[str] = set()  # "rank R: ..." notes the ranks posted (see note())
         self._groups: dict[tuple[str, tuple[int, ...]], _Group] = {}
         self._mail: dict[tuple, deque] = defaultdict(deque)  # (group, dst, tag) -> sends
         self._posted: dict[tuple, deque] = defaultdict(deque)  # (group, dst, tag) -> recvs
@@ -128,6 +134,11 @@ class RelaySwitch:
             marks.reported(head.get("event"))
         elif kind == "sync":
             self._reply(rank, head.get("id"))
+        elif kind == "note":
+            self._notes.add(_own_note(rank, head.get("key")))
+        elif kind == "noted":
+            asked = [k for k in head.get("keys", ()) if isinstance(k, str)]
+            self._reply(rank, head.get("id"), keys=[k for k in asked if k in self._notes])
         else:
             raise ValueError(f"unknown frame {kind!r}")
 
