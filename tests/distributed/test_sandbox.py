@@ -309,6 +309,10 @@ def test_no_process_outlives_its_job(pool):
     assert call(pool, "count") < call(pool, "count")  # the learner process itself lives on
     assert spawn(pool, "leave_orphans_rank", 2, ORPHAN) == [True, True]
     assert not _orphans()
+    learner = {p for p in pool.pids() if psutil.Process(p).name() == "python"}
+    pool.end_learner()  # the notebook is graded: its learner process goes too
+    alive = {p for p in pool.pids() if psutil.Process(p).name() == "python"}
+    assert learner - alive and alive < learner
 
 
 def test_nothing_written_reaches_the_next_job(pool):

@@ -179,19 +179,20 @@ def _close_all_but(keep: set[int]) -> None:
 
 
 def _others(keep: set[int]) -> list[int]:
-    """Live processes of the sandbox but init, us and ``keep`` (a zombie is dead already:
-    its parent, if kept, reaps it)."""
-    skip = keep | {1, os.getpid()}
+    """Processes of the sandbox but init, us and ``keep`` that are alive or that we must
+    still reap (a zombie of a kept parent is dead already: that parent reaps it)."""
+    me = os.getpid()
+    skip = keep | {1, me}
     out = []
     for p in os.listdir("/proc"):
         if not p.isdigit() or int(p) in skip:
             continue
         try:
             with open(f"/proc/{p}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
+                state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
+        except (OSError, IndexError, ValueError):
             continue
-        if state not in ("Z", "X"):
+        if state not in ("Z", "X") or int(ppid) == me:
             out.append(int(p))
     return out
 

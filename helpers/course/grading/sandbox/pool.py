@@ -197,6 +197,31 @@ class SandboxPool:
         return RelaySwitch(socks)
 
     # -- the learner process
+    def end_learner(self) -> None:
+        """End the learner process and all it started: call it when a notebook is graded
+        (the next call starts a fresh one; the rank slots keep nothing between jobs)."""
+        with self._lock:
+            slot = self.slots[-1]
+            if slot.alive():
+                slot.send({"kind": "end"})
+                self._collect([slot], [Output(None)], 30.0)
+
+    def pids(self) -> list[int]:
+        """Every process of the pool's sandboxes now: bwrap, the slots, each slot's spare
+        rank (forked ahead of the next job) and the learner process, if one lives."""
+        import psutil
+
+        out = []
+        for slot in self.slots:
+            if slot.proc is None:
+                continue
+            try:
+                root = psutil.Process(slot.proc.pid)
+                out += [root.pid, *(p.pid for p in root.children(recursive=True))]
+            except psutil.NoSuchProcess:
+                continue
+        return out
+
     def call(
         self,
         name: str,

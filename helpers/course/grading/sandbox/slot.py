@@ -15,6 +15,7 @@ Control messages (helpers.course.grading.sandbox.wire frames):
                     cloudpickled args and kwargs, learner_source, programs): a direct call
                     in the learner process, which lives while source_id stays the same
                     {"kind": "kill"}: end the running job or call now
+                    {"kind": "end"}: end the learner process (the notebook is graded)
     slot -> grader  {"kind": "ready"}; {"kind": "out", "stream": "o" | "e"} + bytes;
                     {"kind": "result", "ok": true} + torch.save bytes, or
                     {"kind": "result", "ok": false, "type", "summary", "traceback"};
@@ -201,6 +202,9 @@ def serve(ctrl_fd: int) -> None:
             ranks.prefork()
         elif header["kind"] == "call":
             learner.call(ctrl, header, pickle.loads(blob))
+        elif header["kind"] == "end":  # the notebook is graded: its learner process goes
+            learner.end()
+            wire.send(ctrl, {"kind": "done", "code": None})
 
 
 if __name__ == "__main__":
