@@ -38,35 +38,37 @@ c.CourseDirectory.ignore = [
     "wrong_answers.py",
 ]
 
-# Lab cells start several torch.distributed ranks (helpers.launch.spawn); the
-# first spawn in a fresh kernel imports torch once (a few seconds), so nbgrader's
-# default of 30 s per cell is too short on a busy 2-core laptop. A cell that runs
-# longer than this (a learner's infinite loop) is interrupted and fails its test
-# only; the rest of the notebook and the other submissions are still graded.
+# No kernel runs a lab when it is graded or validated (see below); these apply to the
+# notebooks an instructor may still execute with nbgrader's Execute elsewhere.
 c.Execute.timeout = 120
 c.Execute.kernel_name = "python3"
 
-# Grading preprocessors of helpers/course/grading/preprocessors.py:
+# Grading (helpers/course/grading/grader/): no kernel runs a lab. GradeInSandbox takes the
+# place of nbgrader's Execute in autograde and in Validate: the lab's tests, their reference
+# functions and the verdict run in nbgrader's own process, where no learner code runs; the
+# learner's cells run only in bubblewrap sandboxes (helpers/course/grading/sandbox/), as
+# user nobody, and their ranks talk only through the grader (helpers/course/grading/relay/),
+# which records every message. The guard (helpers/course/grading/guard.py) still reads every
+# learner cell first, for a clear early message: a cell that imports what its lab refuses
+# (solutions/<lab>/grading.toml) is not run, and the grades CSV (`nbgrader export`) says why
+# in its `refused` column. See docs/instructors.md, "What runs where, as whom".
+# Other preprocessors of helpers/course/grading/preprocessors.py:
 # - feedback shows a hidden test's result and message, never its code or traceback
 #   (GetGrades must come first: it reads scores by cell);
 # - a graded cell a learner copied (two cells, one grade_id) no longer aborts the
 #   grading of every learner after them.
-# The guard (helpers/course/grading/guard.py) reads every learner cell before the kernel runs
-# it, in autograde and Validate: a cell that reaches into the kernel or the grader, or
-# imports what its lab refuses (solutions/<lab>/grading.toml), is not run, and the
-# grades CSV (`nbgrader export`) says why in its `refused` column.
 try:
     from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
     from nbgrader.preprocessors import CheckCellMetadata, ClearOutput, GetGrades
     from nbgrader.preprocessors import OverwriteCells, OverwriteKernelspec
 
-    from helpers.course.grading import guard
+    from helpers.course.grading.grader.preprocessor import configure as grade_in_sandbox
     from helpers.course.grading.export import CsvWithRefusals
     from helpers.course.grading.preprocessors import DropDuplicateIds, HideHiddenTests
 except ImportError:  # a learner's environment without the workbook package: not needed
     pass
 else:
-    guard.configure(c)
+    grade_in_sandbox(c)
     c.ExportApp.plugin_class = CsvWithRefusals
     c.GenerateFeedback.preprocessors = [GetGrades, HideHiddenTests, CSSHTMLHeaderPreprocessor]
     c.Autograde.sanitize_preprocessors = [

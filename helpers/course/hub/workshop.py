@@ -184,8 +184,8 @@ def write_configs(settings: HubSettings, instructor: str) -> dict[str, Path]:
             f"c.Exchange.root = {settings.exchange!r}",
             "c.Exchange.path_includes_course = True",
             "c.Authenticator.plugin_class = JupyterHubAuthPlugin",
-            "from helpers.course.grading import guard  # Validate reads learner code as grading does",
-            "guard.configure(c)",
+            "from helpers.course.grading.grader.preprocessor import configure  # Validate grades as autograde",
+            "configure(c)",
             "",
         ]
     )

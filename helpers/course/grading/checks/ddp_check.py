@@ -63,8 +63,8 @@ def streamed_order(recs: list, rank: int, exercise: str, case: int) -> list[tupl
             continue
         elif e["kind"] == "grad":
             seen.append(("grad", e["param"]))
-        elif e["kind"] == "op":
-            seen.append((e["op"], e["numel"]))
+        elif e["kind"] == "op" or (e["kind"] == "collective" and e.get("allowed", True)):
+            seen.append((e["op"], e["numel"]))  # "op": the rank's stream; "collective": the relay's
     return seen
 
 

@@ -5,7 +5,3 @@
 * ``run``: ``grade(nb, directory, pool)``, the outputs of every cell as the grader decides;
 * ``preprocessor``: ``GradeInSandbox``, nbgrader's step in place of ``Execute``.
 """
-
-from helpers.course.grading.grader.preprocessor import GradeInSandbox, configure
-
-__all__ = ["GradeInSandbox", "configure"]

@@ -27,7 +27,7 @@ def shared_pool():
     if not _POOL:
         from helpers.course.grading.sandbox.pool import SandboxPool
 
-        pool = SandboxPool()
+        pool = SandboxPool(course_root=Path.cwd())  # nbgrader runs in the course directory
         atexit.register(pool.close)
         _POOL.append(pool)
     return _POOL[0]
@@ -38,7 +38,11 @@ class GradeInSandbox(NbGraderPreprocessor):
 
     def preprocess(self, nb, resources):
         path = Path(resources.get("metadata", {}).get("path") or ".")
-        outputs = grade(nb, path, shared_pool())
+        pool = shared_pool()
+        try:
+            outputs = grade(nb, path, pool)
+        finally:
+            pool.end_learner()  # the next notebook gets a fresh learner process
         count = 0
         for i, cell in enumerate(nb.cells):
             if cell.cell_type != "code":

@@ -67,6 +67,9 @@ class EventSender:
 
 def sender(label: str) -> EventSender | None:
     """A sender to the open EventLog of the grading process, or None when there is none."""
+    relayed = relay_markers(label, False, None, None, threading.local())
+    if relayed is not None:  # a sandboxed rank: its stream goes through the grader's relay
+        return relayed
     address = os.environ.get(ENV)
     if not address:
         return None

@@ -24,7 +24,7 @@ class RelayMarkers:
 
     def __init__(self, chan: Channel, label: str, content: bool, allow: Iterable[str] | None,
                  tamper, api: threading.local):  # fmt: skip
-        self.chan, self._saved_api = chan, chan.api
+        self.chan, self._saved_api, self.label = chan, chan.api, label
         key = None if tamper is None else tamper.key
         allowed = None if allow is None else sorted(allow)
         chan.call({"t": "open", "label": label, "content": bool(content), "allow": allowed,
@@ -32,7 +32,7 @@ class RelayMarkers:
         chan.api = api  # the backend reads isend/irecv from record_traffic's named_p2p
 
     def send(self, event: dict, content: torch.Tensor | None = None) -> None:
-        self.chan.post({"t": "event", "event": event})
+        self.chan.post({"t": "event", "event": event, "label": self.label})
 
     def close(self) -> None:
         self.chan.api = self._saved_api

@@ -87,9 +87,12 @@ class Marks:
             if done.record is not None:
                 done.record.closed = True
 
-    def reported(self, event) -> None:
-        """An event the rank reports itself: allocations, and its own recorder's refusals."""
-        if not self.stack or not isinstance(event, dict) or self.stack[-1].record is None:
+    def reported(self, event, label=None) -> None:
+        """An event the rank reports itself: allocations, its own recorder's refusals, and
+        lab 6's gradient-ready and hold events (what only the rank's hooks can see)."""
+        # Into the recording the rank's sender opened (by its label), else the innermost one.
+        mine = [o for o in self.stack if o.label == label] or self.stack[-1:]
+        if not mine or not isinstance(event, dict) or mine[-1].record is None:
             return
         kind = event.get("kind")
         if kind == "alloc":
@@ -101,12 +104,19 @@ class Marks:
                 "op": _text(event.get("op")),
                 "bytes": _count(event.get("bytes")),
             }
+        elif kind == "grad":  # lab 6: a gradient became ready (only the rank's hook sees it)
+            clean = {"kind": "grad", "param": _count(event.get("param")),
+                     "step": _count(event.get("step"))}  # fmt: skip
+        elif kind == "held":  # lab 6: the holder's wait for the other ranks' backward
+            waiting = event.get("waiting_for")
+            clean = {"kind": "held", "ok": event.get("ok") is True, "step": _count(event.get("step")),
+                     "waiting_for": [_count(r) for r in waiting] if isinstance(waiting, list) else []}  # fmt: skip
         elif kind == "refused":
             clean = {"kind": "collective", "name": _text(event.get("name")), "op": _text(event.get("name")),
                      "bytes": _count(event.get("bytes")), "allowed": False, "reported": True}  # fmt: skip
         else:
             return
-        self.stack[-1].record.events.append(clean)
+        mine[-1].record.events.append(clean)
 
     def allowed(self, op: str) -> Open | None:
         """The innermost open recording that refuses ``op``, or None when it may run."""

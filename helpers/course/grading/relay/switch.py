@@ -131,7 +131,7 @@ class RelaySwitch:
             marks.close()
             self._reply(rank, head.get("id"))
         elif kind == "event":
-            marks.reported(head.get("event"))
+            marks.reported(head.get("event"), head.get("label"))
         elif kind == "sync":
             self._reply(rank, head.get("id"))
         elif kind == "note":

@@ -40,6 +40,7 @@ __all__ = ["as_data", "build_namespace", "error_report"]
 
 _SCALARS = (
     type(None),
+    range,  # shard_range's answer in lab 0
     bool,
     int,
     float,

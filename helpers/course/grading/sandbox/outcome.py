@@ -34,7 +34,7 @@ __all__ = [
     "values_of",
 ]
 
-SAFE_CLASSES = (Recording, Message, Call)
+SAFE_CLASSES = (Recording, Message, Call, range)
 # A rank whose error says only that a peer went away is not the story (the relay's words).
 PEER = re.compile(f"{PEER_ERROR.pattern}|ended before it (joined|called|sent)|closed its relay")
 MAX_OUTPUT = 4 << 20  # bytes of printed output per rank and stream before it is cut
