@@ -33,9 +33,12 @@ __all__ = [
     "causal_pairs",
     "computed_pairs",
     "contiguous_positions",
+    "document_mask",
     "runs",
     "shard",
+    "striped_positions",
     "sub_blocks",
+    "tile_work",
     "unshard",
 ]
 
@@ -61,6 +64,12 @@ def balanced_positions(seq_len: int, world: int) -> list[torch.Tensor]:
     _check(seq_len, world, 2 * world)
     chunks = torch.tensor_split(torch.arange(seq_len), 2 * world)
     return [torch.cat([chunks[r], chunks[2 * world - 1 - r]]) for r in range(world)]
+
+
+def striped_positions(seq_len: int, world: int) -> list[torch.Tensor]:
+    """Rank r holds tokens r, r + N, r + 2N, ... (striped attention, Brandon et al. 2023)."""
+    _check(seq_len, world, world)
+    return [torch.arange(r, seq_len, world) for r in range(world)]
 
 
 def shard(x: torch.Tensor, positions: torch.Tensor, dim: int = -2) -> torch.Tensor:
@@ -134,3 +143,31 @@ def computed_pairs(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, tile:
 def causal_pairs(positions: list[torch.Tensor]) -> list[int]:
     """Per rank, the (query, key) pairs a causal mask keeps: sum over its queries of (i + 1)."""
     return [int((p + 1).sum()) for p in positions]
+
+
+def document_mask(doc_ids: torch.Tensor):
+    """A mask function (q_pos, k_pos) -> [Lq, Lk] bool for packed documents: causal, and
+    only within a query's own document (doc_ids: the document of each global position)."""
+
+    def mask(q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        same = doc_ids[q_pos][:, None] == doc_ids[k_pos][None, :]
+        return causal_mask(q_pos, k_pos) & same
+
+    return mask
+
+
+def tile_work(q_pos: torch.Tensor, k_pos: torch.Tensor, mask=causal_mask, tile: int = 128) -> int:
+    """Score entries a tiled kernel computes for one block: each ``tile`` x ``tile`` tile of
+    the block, in the rank's own order, that holds one visible entry, whole; the others are
+    skipped (a fused kernel's causal skip, FlexAttention's block mask). ``mask`` as above."""
+    seen = mask(q_pos, k_pos)
+    lq, lk = seen.shape
+    nq, nk = -(-lq // tile), -(-lk // tile)
+    padded = seen
+    if (lq, lk) != (nq * tile, nk * tile):
+        padded = torch.zeros(nq * tile, nk * tile, dtype=torch.bool)
+        padded[:lq, :lk] = seen
+    busy = padded.view(nq, tile, nk, tile).any(dim=3).any(dim=1)  # [nq, nk]
+    rows = torch.tensor([min(tile, lq - i * tile) for i in range(nq)])
+    cols = torch.tensor([min(tile, lk - j * tile) for j in range(nk)])
+    return int((busy * rows[:, None] * cols[None, :]).sum())
