@@ -36,7 +36,7 @@ import torch
 import torch.distributed as tdist
 import torch.nn.functional as F
 
-from helpers import dist, gpus
+from helpers import devices, dist, gpus
 from helpers.config import parse
 from helpers.models import llama2
 from helpers.parallel.composed import llama_parallel
@@ -203,6 +203,7 @@ def throughput(d: dist.Dist, cfg: LlamaConfig, args, times: list[float]) -> dict
         "mfu_counts": "model FLOPs (6 per parameter per token + attention), no recomputation",
         "dtype": str(compute_dtype(d, cfg)).removeprefix("torch."),
         "device": dist.device_name(d.device),
+        "gpu": devices.is_gpu(d.device),  # which lesson the notebook checks: a GPU's or a CPU's
         "world_size": d.world_size,
         "config": asdict(cfg),
     }

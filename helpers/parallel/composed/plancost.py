@@ -12,14 +12,16 @@ Memory of one pipeline stage on one GPU (bytes):
                  parallelism); full recomputation keeps each block's input and rebuilds one
                  block at a time; the last stage adds the loss's fp32 logits (Workload.logits_bytes)
 
-Step time (seconds), per micro-batch on a stage: compute (FLOPs / (peak x efficiency), plus a
+Step time (seconds), per micro-batch on a stage: compute (FLOPs / (peak x efficiency), the
+efficiency times a GEMM's share of the roofline when the cluster asks for it: ``gemm_efficiency``; plus a
 fixed cost per block; full recomputation runs the forward twice: x 4/3; DDP's bookkeeping once
 per step, in the backward that syncs), TP's all-reduces
 (2 per transformer block forward and 2 backward, 3 + 3 with full recomputation: 6 instead of 4)
 and PP's two sends (the activation forward, its gradient back). Then
 
     pipeline     (m + pp - 1) x the slowest stage: a pipeline runs at its slowest stage, and
-                 its fill and drain idle pp - 1 slots (on CPU ranks that share c cores, a
+                 its fill and drain idle pp - 1 slots (interleaved: (pp - 1) / v slots, for v
+                 times the sends) (on CPU ranks that share c cores, a
                  rank that waits lends its core to a busy one: the cores idle only while
                  fewer than c ranks compute, min(pp, c / (dp x tp)) - 1 slots)
     DP           an all-reduce of the stage's gradients (ring: 2 (n-1)/n x bytes), hidden
@@ -35,7 +37,8 @@ from __future__ import annotations
 import functools
 import math
 
-__all__ = ["stages", "balanced_cuts", "memory", "step_time", "allreduce", "gather"]
+__all__ = ["stages", "balanced_cuts", "memory", "step_time", "allreduce", "gather",
+           "gemm_efficiency", "in_flight_microbatches"]  # fmt: skip
 
 BUCKET_BYTES = 25 * 2**20  # DDP's default bucket: one all-reduce per bucket
 
@@ -86,16 +89,34 @@ def _act(b, tp: int) -> float:
     return b.act_replicated + (b.act_bytes - b.act_replicated) / _split(b, tp)
 
 
+def in_flight_microbatches(lay, s: int) -> float:
+    """Micro-batches whose activations stage s holds at its fullest (in whole-stage units)."""
+    if lay.pp == 1:
+        return 1
+    if lay.schedule == "gpipe":
+        return lay.micro_batches
+    if lay.schedule == "interleaved":  # Megatron's warm-up chunks, plus the one in its forward
+        v = lay.virtual
+        chunks = (lay.pp - s - 1) * 2 + (v - 1) * lay.pp + 1
+        return min(lay.micro_batches, chunks / v)
+    return min(lay.micro_batches, lay.pp - s)
+
+
+def gemm_efficiency(c, tokens: float, width: float, split_width: float) -> float:
+    """A [tokens x width] @ [width x split_width] product's share of the peak, by the roofline:
+    FLOPs 2 M K N over bytes 2 (M K + K N + M N) (16-bit values) against the GPU's ridge,
+    peak FLOP/s / memory bytes/s. 1 when the product is compute-bound."""
+    m, k, n = tokens, width, split_width
+    intensity = m * k * n / (m * k + k * n + m * n)
+    ridge = c.peak_tflops * 1e12 / (c.memory_gbs * 1e9)
+    return min(1.0, intensity / ridge)
+
+
 def _stage_memory(w, lay, blocks, s: int) -> dict:
     wb, gb, ob = w.state_bytes
     local = sum(b.params / _split(b, lay.tp) for b in blocks)
     shard = {k: lay.dp if lay.zero >= k else 1 for k in (1, 2, 3)}
-    if lay.pp == 1:
-        in_flight = 1
-    elif lay.schedule == "gpipe":
-        in_flight = lay.micro_batches
-    else:
-        in_flight = min(lay.micro_batches, lay.pp - s)
+    in_flight = in_flight_microbatches(lay, s)
     if lay.recompute == "full":  # keep block inputs, rebuild one block's activations at a time
         kept = sum(b.out_bytes / (_split(b, lay.tp) if b.act_replicated == 0 else 1)
                    for b in blocks)  # fmt: skip
@@ -144,17 +165,25 @@ def _links(c, lay) -> dict:
 
 def _per_microbatch(w, c, lay, blocks, links) -> tuple[float, float, float]:
     """(compute, TP, PP) seconds of one micro-batch's forward + backward on one stage."""
-    rate = c.peak_tflops * 1e12 * c.efficiency
     again = 4 / 3 if lay.recompute == "full" else 1.0  # the forward runs twice
     mb = lay.micro_batch
+
+    def rate(b) -> float:
+        peak = c.peak_tflops * 1e12 * c.efficiency
+        if not (c.gemm_model and b.width):
+            return peak
+        return peak * gemm_efficiency(c, mb * w.seq_len, b.width, b.width / _split(b, lay.tp))
+
     compute = sum(
-        mb * b.flops * again / _split(b, lay.tp) / rate + c.layer_overhead_s * again for b in blocks
+        mb * b.flops * again / _split(b, lay.tp) / rate(b) + c.layer_overhead_s * again
+        for b in blocks
     )
     rounds = 3 if lay.recompute == "full" else 2  # forward, (forward again), backward
     tp = sum(rounds * allreduce(mb * b.tp_bytes, lay.tp, links["tp"], c.latency_s, b.tp_messages)
              for b in blocks if b.tp and b.tp_messages)  # fmt: skip
     boundary = max(blocks[-1].out_bytes, blocks[0].out_bytes)
-    pp = 0.0 if lay.pp == 1 else 2 * (c.latency_s + mb * boundary / (links["pp"] * 1e9))
+    sends = 2 * (lay.virtual if lay.schedule == "interleaved" else 1)  # each chunk's boundary
+    pp = 0.0 if lay.pp == 1 else sends * (c.latency_s + mb * boundary / (links["pp"] * 1e9))
     return compute, tp, pp
 
 
@@ -195,6 +224,8 @@ def step_time(w, c, lay, stage_blocks: list[tuple]) -> dict:
     idle = lay.pp  # slots of fill and drain
     if c.cores is not None:  # CPU ranks: a stage's dp x tp ranks may already fill the cores
         idle = min(lay.pp, max(1, math.ceil(c.cores / (lay.dp * lay.tp))))
+    if lay.schedule == "interleaved":  # the fill and drain go in chunks of 1/v of a stage
+        idle = 1 + (idle - 1) / lay.virtual
     m = lay.micro_batches
     dp = max(_data_parallel(w, c, lay, blocks, per[s][0], links)
              for s, blocks in enumerate(stage_blocks))  # fmt: skip

@@ -36,7 +36,7 @@ __all__ = ["Block", "Workload", "Cluster", "Layout", "CLUSTERS", "RECOMPUTE", "S
 
 GB = 1e9
 RECOMPUTE = ("none", "full")  # "selective" (Korthikanti et al.) = "none" with flash attention
-SCHEDULES = ("1f1b", "gpipe")
+SCHEDULES = ("1f1b", "gpipe", "interleaved")  # interleaved: 1F1B with ``virtual`` chunks per rank
 TIE = 0.05  # step times closer than this are a tie: finer than the model can tell
 
 
@@ -52,6 +52,7 @@ class Block:
     tp_messages: int = 0  # collectives per forward under TP
     act_replicated: float = 0.0  # of act_bytes, what TP leaves whole on every TP rank
     tp: bool = True  # TP splits its weights and matmuls (False: replicated over the tp ranks)
+    width: float = 0.0  # its matmuls' width (model dim), for Cluster.gemm_model; 0: not modelled
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,7 @@ class Workload:
         whole = formula["replicated"] if act_replicated is None else act_replicated
         block = Block(params=outer + shared / args.n_layers, flops=flops, act_bytes=act,
                       out_bytes=value, tp_bytes=2 * value, tp_messages=2,
-                      act_replicated=whole)  # fmt: skip
+                      act_replicated=whole, width=args.dim)  # fmt: skip
         logits = seq_len * args.vocab_size * 4 if embeddings else 0.0
         return cls(name, (block,) * args.n_layers, seq_len, args.kv_heads, tuple(state_bytes),
                    logits)  # fmt: skip
@@ -145,6 +146,8 @@ class Cluster:
     ddp_overhead_s: float = 0.0  # DDP's bookkeeping per step: its synced backward (CPU ranks)
     fsdp_overhead_s: float = 0.0  # FSDP's bookkeeping per block and micro-batch (CPU ranks)
     reserve_gb: float = RESERVE_GIB * 2**30 / GB  # CUDA context, NCCL buffers, allocator slack
+    gemm_model: bool = False  # True: efficiency x the roofline share of each block's matmuls,
+    # which falls with few tokens per micro-batch and a narrow TP split (plancost.gemm_efficiency)
     name: str = ""
 
     @property
@@ -182,6 +185,7 @@ class Layout:
     recompute: str = "none"
     zero: int = 0
     schedule: str = "1f1b"
+    virtual: int = 1  # chunks of layers per rank (interleaved 1F1B; Megatron's v)
     memory: dict = field(default_factory=dict)  # bytes per GPU by kind (the fullest stage)
     stage_gb: list = field(default_factory=list)  # GB per GPU of each stage
     time: dict = field(default_factory=dict)  # seconds per step by kind
@@ -212,7 +216,8 @@ class Layout:
             return f"{self.name}: no - {self.reason}"
         over = ", ".join(f"{k} {100 * v:.1f} %" for k, v in self.shares().items()
                          if k != "compute" and v >= 0.0005)  # fmt: skip
-        return (f"{self.name} m={self.micro_batches} x {self.micro_batch} {self.recompute}: "
+        sched = f" interleaved v={self.virtual}" if self.schedule == "interleaved" else ""
+        return (f"{self.name}{sched} m={self.micro_batches} x {self.micro_batch} {self.recompute}: "
                 f"{self.memory_gb:.1f} GB, {self.step_time:.2f} s ({over or 'all compute'})")  # fmt: skip
 
 
@@ -234,19 +239,26 @@ def _check(w: Workload, c: Cluster, global_batch: int, lay: Layout) -> str | Non
                 f"of {lay.micro_batch}")  # fmt: skip
     if lay.recompute not in RECOMPUTE or lay.schedule not in SCHEDULES:
         return f"recompute in {RECOMPUTE}, schedule in {SCHEDULES}"
+    if lay.schedule == "interleaved" and lay.pp > 1:
+        if w.layers % (lay.pp * lay.virtual):
+            return f"{w.layers} layers do not split into pp={lay.pp} x v={lay.virtual} chunks"
+        if (global_batch // (lay.dp * lay.micro_batch)) % lay.pp:
+            return f"interleaved 1F1B needs the micro-batches per step divisible by pp={lay.pp}"
     return None
 
 
 def evaluate(w: Workload, c: Cluster, global_batch: int, dp: int, tp: int, pp: int,
              micro_batch: int = 1, zero: int = 0, recompute: str = "none",
-             schedule: str = "1f1b", cuts: tuple[int, ...] | None = None) -> Layout:  # fmt: skip
+             schedule: str = "1f1b", cuts: tuple[int, ...] | None = None,
+             virtual: int = 2) -> Layout:  # fmt: skip
     """One layout, costed; ``reason`` says why it cannot run (and what would).
 
     cuts: where the stages start (block indices after 0); default: balanced by FLOPs.
+    virtual: chunks of layers per rank when schedule="interleaved" (Megatron's v).
     """
     recompute = "none" if recompute == "selective" else recompute
     lay = Layout(None, dp, tp, pp, micro_batch=micro_batch, recompute=recompute, zero=zero,
-                 schedule=schedule)  # fmt: skip
+                 schedule=schedule, virtual=virtual if schedule == "interleaved" else 1)  # fmt: skip
     lay.reason = _check(w, c, global_batch, lay)
     if lay.reason:
         return lay
