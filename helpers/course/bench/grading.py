@@ -44,6 +44,9 @@ class Options:
     # Also grade each class with the labs' `launch.warm_up(wait=False)` line removed:
     # the "before" figure of that optimisation, on the same submissions.
     compare: bool = False
+    # Also grade each class the way grading worked before the sandbox: every notebook run
+    # top to bottom in a kernel, the tests in the same process as the learner's code.
+    kernel: bool = False
 
 
 def _without_warm_up(nb):
@@ -69,9 +72,24 @@ def _class_of(course: Path, lab: str, n: int, warm_up: bool = True) -> None:
             nbformat.write(nb if warm_up else _without_warm_up(nb), path)
 
 
-def time_lab(lab: str, n: int, warm_up: bool = True) -> float:
+KERNEL_GRADING = """
+# The bench's "before": grading in a kernel, as before the sandbox (the guard on Execute).
+from helpers.course.grading import guard as _guard
+from nbgrader.converters.autograde import Autograde as _Autograde
+from nbgrader.validator import Validator as _Validator
+
+c.Autograde.autograde_preprocessors = list(_Autograde.class_traits()["autograde_preprocessors"].default())
+c.Validator.preprocessors = list(_Validator.class_traits()["preprocessors"].default())
+_guard.configure(c)
+"""
+
+
+def time_lab(lab: str, n: int, warm_up: bool = True, kernel: bool = False) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         course = make_course(Path(tmp))
+        if kernel:
+            with (course / "nbgrader_config.py").open("a") as f:
+                f.write(KERNEL_GRADING)
         generate(course, lab)
         _class_of(course, lab, n, warm_up)
         t0 = time.perf_counter()
@@ -86,12 +104,17 @@ def main(argv: list[str] | None = None) -> None:
     opts = parse(Options, argv)
     labs = [x for x in opts.labs.split(",") if x] or lab_names()
     print(f"autograding {opts.n} submissions per lab (one nbgrader autograde call each)")
-    print(f"{'lab':<8}{'warm-up line':<14}{'total s':>10}{'s/submission':>14}")
+    print(f"{'lab':<8}{'grader':<10}{'warm-up line':<14}{'total s':>10}{'s/submission':>14}")
     for lab in labs:
-        for warm_up in (True, False) if opts.compare else (True,):
-            seconds = time_lab(lab, opts.n, warm_up)
-            kept = "kept" if warm_up else "removed"
-            print(f"{lab:<8}{kept:<14}{seconds:>10.1f}{seconds / opts.n:>14.2f}")
+        for kernel in (False, True) if opts.kernel else (False,):
+            for warm_up in (True, False) if opts.compare else (True,):
+                seconds = time_lab(lab, opts.n, warm_up, kernel)
+                kept = "kept" if warm_up else "removed"
+                where = "kernel" if kernel else "sandbox"
+                print(
+                    f"{lab:<8}{where:<10}{kept:<14}{seconds:>10.1f}{seconds / opts.n:>14.2f}",
+                    flush=True,
+                )
     out = subprocess.run([sys.executable, "-c", PARTS], capture_output=True, text=True, check=True)
     imports, first, later = (float(x) for x in out.stdout.split()[-3:])
     print("\nwhere one submission's time goes (fresh process, 4 ranks):")

@@ -71,7 +71,12 @@ def nbgrader(args: list[str], cwd: Path, timeout: float = 1800, check: bool = Tr
 
 
 # Folders a kernel writes next to a lab when it runs (never part of a release).
-KERNEL_WRITES = ("programs", "__pycache__", ".ipynb_checkpoints")
+KERNEL_WRITES = (
+    "programs",
+    "__pycache__",
+    ".ipynb_checkpoints",
+    "kernel-ipc-*",
+)  # ipc: a kernel's sockets
 
 
 def make_course(dest: Path, root: Path | None = None) -> Path:

@@ -1,0 +1,116 @@
+# A learner's cell written to get marks without the work, for tests/grading/test_grader_boundary.py.
+# It runs in every sandboxed rank and in the learner process (its definitions come with it),
+# tries each way out the issue lists, and ends by raising a report of what each attempt got:
+# the grader puts that message on the cell, where the test reads it. ROOT is the course root.
+import builtins
+import gc
+import json
+import os
+import socket
+import sys
+import threading
+
+import torch
+
+report = {}
+
+
+def attempt(name, fn):
+    try:
+        report[name] = f"ok: {fn()!r}"[:160]
+    except BaseException as e:  # noqa: BLE001 - every way out is tried, each outcome noted
+        report[name] = f"{type(e).__name__}: {e}"[:160]
+
+
+# Patching: every check passes, every comparison is equal (in this process).
+torch.testing.assert_close = lambda *a, **k: None
+torch.equal = lambda *a, **k: True
+torch.allclose = lambda *a, **k: True
+builtins.AssertionError = type("AssertionError", (Exception,), {})
+# Hooks: a tracer and an exit handler that would rewrite results.
+sys.settrace(lambda frame, event, arg: None)
+threading.settrace(lambda frame, event, arg: None)
+# Frames: look for the tests' reference functions in every frame and every live object.
+attempt(
+    "frames",
+    lambda: sorted(
+        {
+            k
+            for f in [sys._getframe(i) for i in range(len(__import__("inspect").stack()))]
+            for k in f.f_globals
+            if "reference" in k
+        }
+    ),
+)
+attempt(
+    "objects",
+    lambda: [
+        getattr(o, "__name__", "")
+        for o in gc.get_objects()
+        if callable(o) and "reference" in getattr(o, "__name__", "")
+    ][:5],
+)
+# Files: the course's secrets and the grading state.
+for rel in ("solutions", "gradebook.db", "autograded", "submitted"):
+    path = os.path.join(ROOT, rel)  # noqa: F821 - ROOT is put in by the test
+    attempt(
+        f"read {rel}",
+        lambda path=path: os.listdir(path) if os.path.isdir(path) else open(path, "rb").read(64),
+    )
+attempt("write course", lambda: open(os.path.join(ROOT, "pwned.txt"), "w").write("x"))  # noqa: F821
+attempt("write cwd", lambda: open("pwned.txt", "w").write("x"))
+attempt("write /tmp", lambda: open("/tmp/pwned.txt", "w").write("x"))
+
+
+# A process that outlives the job: double fork, new session, and a loop that keeps writing.
+def _linger():
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()
+        if os.fork() == 0:
+            import time
+
+            for _ in range(600):
+                for target in (os.path.join(ROOT, "pwned.txt"), "/tmp/pwned.txt"):  # noqa: F821
+                    try:
+                        open(target, "a").write("still here\n")
+                    except OSError:
+                        pass
+                time.sleep(0.1)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return "forked"
+
+
+attempt("linger", _linger)
+# Another channel between ranks: the first process to bind a TCP port on the loopback (or an
+# abstract Unix name) keeps it; a later one that finds it taken connects. "alone" means no
+# other rank or job shares this network namespace; "ok" would be a channel the grader misses.
+_kept = []
+
+
+def _meet(family, address):
+    s = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        s.bind(address)
+        s.listen(8)
+        _kept.append(s)
+        return None
+    except OSError:
+        c = socket.socket(family, socket.SOCK_STREAM)
+        c.settimeout(0.5)
+        c.connect(address)
+        return "met another process"
+
+
+for _name, _family, _address in (
+    ("tcp", socket.AF_INET, ("127.0.0.1", 29511)),
+    ("abstract unix", socket.AF_UNIX, "\0workbook-side-channel"),
+):
+    try:
+        _met = _meet(_family, _address)
+        report[_name] = "alone" if _met is None else f"ok: {_met}"
+    except OSError as e:
+        report[_name] = f"{type(e).__name__}: {e}"[:160]
+attempt("signal the grader", lambda: os.kill(GRADER_PID, 0))  # noqa: F821
+raise RuntimeError("ATTACK REPORT " + json.dumps(report))

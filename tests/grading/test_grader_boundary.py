@@ -1,0 +1,146 @@
+"""What learner code cannot do to its grade, lab by lab, with the guard switched off.
+
+The guard reads cells first and refuses what reaches for the grader; these tests switch
+it off (``grade(..., guard_first=False)``) so that they show the boundary itself: the
+tests and the verdict in the grader's process, the learner's code in bubblewrap
+sandboxes, the ranks' messages through the grader.
+
+For each lab, one submission written for the purpose (tests/grading/attack_cell.py in its
+first solution cell, every answer left a stub) tries to patch the checks, install hooks,
+walk frames and live objects for the tests' reference functions, read the course's
+solutions and gradebook, write the course, the notebook's directory and a shared /tmp,
+leave a process running (double fork, new session), open a socket to another rank, and
+signal the grader. It must score zero, every attempt must have failed in the sandbox,
+no file of the course may change, and no process of it may be left once grading ends.
+(A message the recorder does not see: tests/distributed/test_relay.py sends collectives with
+the rank's recorder bypassed and finds each in the switch's log; tests/distributed/
+test_sandbox.py tries each side channel between two ranks.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import nbformat
+import psutil
+import pytest
+
+from helpers.course.grading import labs
+from helpers.course.grading.grader.preprocessor import shared_pool
+from helpers.course.grading.grader.run import grade
+from helpers.course.grading.lab_policy import nbgrader_meta
+
+ROOT = Path(__file__).resolve().parents[2]
+ATTACK = (Path(__file__).parent / "attack_cell.py").read_text()
+LABS = labs.lab_names(ROOT)
+
+pytestmark = pytest.mark.slow
+
+
+def _course(tmp_path: Path, lab: str) -> Path:
+    """A course directory with the secrets the attack looks for."""
+    course = tmp_path / "course"
+    shutil.copytree(ROOT / "solutions" / lab, course / "solutions" / lab)
+    (course / "gradebook.db").write_bytes(b"SQLite format 3\x00 the instructor's grades")
+    (course / "autograded" / "someone" / lab).mkdir(parents=True)
+    (course / "submitted" / "someone" / lab).mkdir(parents=True)
+    (course / "nbgrader_config.py").write_text("c = get_config()\n")
+    return course
+
+
+def _fingerprint(course: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(course)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(course.rglob("*"))
+        if p.is_file()
+    }
+
+
+def _scores(nb, outputs) -> tuple[int, int]:
+    got = total = 0
+    for i, cell in enumerate(nb.cells):
+        meta = nbgrader_meta(cell)
+        if meta.get("grade") and not meta.get("solution"):
+            total += meta["points"]
+            failed = any(o.get("output_type") == "error" for o in outputs.get(i, []))
+            got += 0 if failed else meta["points"]
+    return got, total
+
+
+def _attack_submission(lab: str, course: Path):
+    """The released lab (stubs) with the attack in its first solution cell."""
+    nb = nbformat.read(ROOT / "labs" / lab / f"{lab}.ipynb", as_version=4)
+    first = next(c for c in nb.cells if nbgrader_meta(c).get("solution") and c.cell_type == "code")
+    attack = ATTACK.replace("ROOT", repr(str(course))).replace("GRADER_PID", str(os.getpid()))
+    head, sep, body = first.source.partition("\n")
+    first.source = (
+        f"{head}{sep}{attack}\n{body}" if head.startswith("%%") else f"{attack}\n{first.source}"
+    )
+    return nb
+
+
+def _slot_python(proc) -> bool:
+    argv = proc.cmdline()
+    return bool(argv) and "python" in Path(argv[0]).name and "sandbox.slot" in " ".join(argv)
+
+
+def _leftovers(pool) -> list[str]:
+    """Processes in the pool's sandboxes beyond each slot's python and its one spare rank
+    (forked ahead of the next job): what a job left running."""
+    time.sleep(0.5)
+    out = []
+    for pid in pool.pids():
+        try:
+            proc = psutil.Process(pid)
+            if _slot_python(proc) and not _slot_python(proc.parent()):
+                kids = proc.children(recursive=True)
+                if len(kids) > 1:
+                    out += [f"{k.pid}: {' '.join(k.cmdline())[:80]}" for k in kids]
+        except psutil.Error:
+            continue
+    return out
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_a_submission_that_tries_every_way_out_scores_zero_and_changes_nothing(lab, tmp_path):
+    course = _course(tmp_path, lab)
+    nb = _attack_submission(lab, course)
+    pool = shared_pool()
+    pool.call(
+        "__workbook_cell_errors__",
+        learner_source="def __workbook_cell_errors__():\n    return []\n",
+        programs={},
+    )  # slots up before the count
+    prints = _fingerprint(course)
+    outputs = grade(nb, course / "solutions" / lab, pool, guard_first=False)
+    got, total = _scores(nb, outputs)
+    assert total > 0 and got == 0, f"{lab}: the attack scored {got}/{total}"
+    reports = [
+        json.loads(o["evalue"].split("ATTACK REPORT ", 1)[1])
+        for outs in outputs.values()
+        for o in outs
+        if o.get("output_type") == "error" and "ATTACK REPORT " in o.get("evalue", "")
+    ]
+    assert reports, f"{lab}: the attack cell's report did not come back"
+    for name, got_back in reports[0].items():
+        if name in ("write /tmp", "write cwd"):
+            continue  # the sandbox's private /tmp and scratch: writable, and gone after the job
+        if name in ("frames", "objects"):
+            assert got_back in ("ok: []", "ok: ['reference']") or "reference" not in got_back, (
+                lab,
+                name,
+                got_back,
+            )
+            continue
+        if name == "linger":
+            continue  # the fork itself works; what matters is that nothing is left: below
+        assert not got_back.startswith("ok"), f"{lab}: {name} succeeded in the sandbox: {got_back}"
+    assert _fingerprint(course) == prints, f"{lab}: the course directory changed"
+    assert not Path("/tmp/pwned.txt").exists(), "a sandbox wrote the grader's /tmp"
+    pool.end_learner()
+    assert _leftovers(pool) == [], f"{lab}: processes outlived the grading"
