@@ -97,17 +97,20 @@ hub-down:
 
 # Two pytest sessions side by side, so that both cores work: (1) the tests that mostly wait
 # (Slurm's queue, JupyterLab and the browser: tests/slurm, tests/browser), then the autograde
-# round trip (one process at a time: a kernel per submission); (2) everything else, the
+# round trip and the other grading tests (the grader: one process at a time, its sandboxes
+# mostly waiting on each other); (2) everything else, the
 # notebooks first (their timing lessons meet only the waiting tests), and last the lab jobs
 # (papermill, a Slurm job and the dry run each: CPU work, which balances the two sessions).
 # The autograde round trip can be split by lab: REST_LABS are graded in the second session
 # (after its grading tests), the others in the first. Today none: with the dry runs and tests of
 # the GPU world, the second session is the longer one (2026-11-27, 2 cores: 1,912 s against
-# 1,635 s with lab 1 in the second). The second session's log (build/test-waiting.log)
+# 1,635 s with lab 1 in the second). Grading without a kernel (issue 32) made the round
+# trip faster, so every grading test moved to the first session, beside the waiting ones.
+# The second session's log (build/test-waiting.log)
 # follows the first's summary; the target fails if either fails.
-WAITING := tests/slurm tests/browser tests/grading/test_autograde.py
+WAITING := tests/slurm tests/browser tests/grading
 LABJOBS := tests/slurm/test_lab_jobs.py
-REST    := tests/notebooks tests/grading tests/distributed tests/unit $(LABJOBS)
+REST    := tests/notebooks tests/distributed tests/unit $(LABJOBS)
 AUTOGRADE := tests/grading/test_autograde.py::test_autograde_scores
 LABS      := $(sort $(notdir $(wildcard solutions/lab*)))
 REST_LABS :=

@@ -54,5 +54,8 @@ def test_learners_get_the_learner_tools_only(tmp_path):
     assert "nbgrader:formgrader" in page and "nbgrader:create-assignment" in page
     assert "nbgrader:menu" not in page and "assignment-list" not in page
     assert "JupyterHubAuthPlugin" in (dirs["all"] / "nbgrader_config.py").read_text()
-    assert "grader.preprocessor import configure" in (dirs["learner"] / "nbgrader_config.py").read_text()
+    assert (
+        "grader.preprocessor import configure"
+        in (dirs["learner"] / "nbgrader_config.py").read_text()
+    )
     assert not (dirs["all"] / "labconfig" / "page_config.json").exists()
