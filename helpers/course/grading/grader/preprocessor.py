@@ -65,4 +65,7 @@ def configure(c) -> None:
     c.Autograde.autograde_preprocessors = swap(
         Autograde.class_traits()["autograde_preprocessors"].default()
     )
-    c.Validator.preprocessors = swap(Validator.class_traits()["preprocessors"].default())
+    # nbgrader 0.9 does not let a config set Validator.preprocessors (the trait is not
+    # configurable), so Validate's steps are changed where they are defined, in this process.
+    trait = Validator.class_traits()["preprocessors"]
+    trait.default_args = (swap(trait.default()),)

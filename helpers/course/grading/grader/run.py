@@ -44,6 +44,11 @@ def _error(exc: BaseException, cell_name: str | None = None) -> dict:
     return new_output("error", ename=ename, evalue=evalue, traceback=[*where, f"{ename}: {evalue}"])
 
 
+def _named_error(ename: str, message: str) -> dict:
+    """An error output whose traceback (what Validate and feedback show) names its kind."""
+    return new_output("error", ename=ename, evalue=message, traceback=[f"{ename}: {message}"])
+
+
 def _stream(text: str) -> list[dict]:
     return [new_output("stream", name="stdout", text=text)] if text else []
 
@@ -55,7 +60,7 @@ def _refused(nb, directory: Path) -> tuple[dict[int, list], set[int], str | None
     outputs = {}
     for i, refusals in plan.refused.items():
         msg = "\n".join([f"{plan.names[i]} was not run:", *map(str, refusals)])
-        outputs[i] = [new_output("error", ename="SolutionRefused", evalue=msg, traceback=[msg])]
+        outputs[i] = [_named_error("SolutionRefused", msg)]
     whole = None
     if plan.grader:
         whole = "\n".join(
@@ -97,9 +102,7 @@ def grade(
     parts = split(nb, skip)
     if whole is not None:
         for cell in parts.tests:
-            outputs[cell.index] = [
-                new_output("error", ename="SubmissionRefused", evalue=whole, traceback=[whole])
-            ]
+            outputs[cell.index] = [_named_error("SubmissionRefused", whole)]
         return outputs
     source, programs = learner_program(parts), parts.programs
 
@@ -113,9 +116,7 @@ def grade(
 
     try:
         for index, message in call("__workbook_cell_errors__"):
-            outputs.setdefault(index, []).append(
-                new_output("error", ename="LearnerCellError", evalue=message, traceback=[message])
-            )
+            outputs.setdefault(index, []).append(_named_error("LearnerCellError", message))
     except Exception as e:  # noqa: BLE001 - the learner process could not start: every test says why
         for cell in parts.tests:
             outputs[cell.index] = [_error(e)]

@@ -155,6 +155,8 @@ class SandboxPool:
             "world_size": world_size,
             "group": group,
             "threads": threads_per_rank(world_size),
+            # the lab's test asked for the stand-in GPU (helpers.standin, strict): so do the ranks
+            "device_check": "strict" if os.environ.get("WORKBOOK_DEVICE_CHECK") == "strict" else "",
         }
         with self._lock:
             self.start()

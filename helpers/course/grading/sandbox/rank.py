@@ -45,8 +45,9 @@ def _flush() -> None:
             pass
 
 
-def _join(rank: int, world_size: int, relay_fd: int | None):
-    """The rank's Dist: the relay group when the grader gave a socket, else no group."""
+def _join(rank: int, world_size: int, relay_fd: int | None, strict: bool = False):
+    """The rank's Dist: the relay group when the grader gave a socket, else no group.
+    ``strict``: on the stand-in GPU, its group refusing host tensors as NCCL does."""
     import torch
 
     from helpers.dist import Dist
@@ -55,14 +56,15 @@ def _join(rank: int, world_size: int, relay_fd: int | None):
         return Dist(rank=rank, local_rank=rank, world_size=world_size, backend="none")
     from helpers.course.grading.relay.backend import connect
 
-    connect(relay_fd, rank, world_size)
-    return Dist(
-        rank=rank,
-        local_rank=rank,
-        world_size=world_size,
-        device=torch.device("cpu"),
-        backend="relay",
-    )
+    device = torch.device("cpu")
+    if strict:
+        from helpers import standin
+
+        os.environ[standin.MODE_ENV] = "strict"
+        standin.install()
+        device = standin.device()
+    connect(relay_fd, rank, world_size, strict=strict)
+    return Dist(rank=rank, local_rank=rank, world_size=world_size, device=device, backend="relay")
 
 
 def _leave(failed: bool) -> None:
@@ -92,7 +94,7 @@ def run_rank(fds: dict[str, int], job: dict, request: dict, relay_fd: int | None
 
         learner.build_namespace(request["learner_source"], request["programs"])
         fn, args = cloudpickle.loads(request["payload"])
-        d = _join(rank, world, relay_fd)
+        d = _join(rank, world, relay_fd, job.get("device_check") == "strict")
         try:
             value = fn(d, *args)
         except BaseException:
