@@ -19,9 +19,11 @@ test_sandbox.py tries each side channel between two ranks.)
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -59,6 +61,12 @@ def _fingerprint(course: Path) -> dict[str, str]:
         for p in sorted(course.rglob("*"))
         if p.is_file()
     }
+
+
+def _public_names(lab: str) -> set[str]:
+    """Names with "reference" in them that the released lab (what learners have) uses."""
+    released = (ROOT / "labs" / lab / f"{lab}.ipynb").read_text()
+    return set(re.findall(r"\w*reference\w*", released))
 
 
 def _scores(nb, outputs) -> tuple[int, int]:
@@ -130,11 +138,10 @@ def test_a_submission_that_tries_every_way_out_scores_zero_and_changes_nothing(l
     for name, got_back in reports[0].items():
         if name in ("write /tmp", "write cwd"):
             continue  # the sandbox's private /tmp and scratch: writable, and gone after the job
-        if name in ("frames", "objects"):
-            assert got_back in ("ok: []", "ok: ['reference']") or "reference" not in got_back, (
-                lab,
-                name,
-                got_back,
+        if name in ("frames", "objects"):  # only what the released lab itself names may be found
+            found = set(ast.literal_eval(got_back[4:])) if got_back.startswith("ok: ") else set()
+            assert found <= _public_names(lab), (
+                f"{lab}: {name} reached {found - _public_names(lab)}"
             )
             continue
         if name == "linger":
