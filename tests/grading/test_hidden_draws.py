@@ -1,10 +1,9 @@
 """The instructor's solution never fails: 1,000 draws of every randomised hidden test, every lab.
 
 Each lab's hidden tests draw ``HIDDEN_DRAWS`` random cases (1 when grading) and run them
-in one spawn per world size; helpers.course.grading.draws grades the lab's own cells and its
-solution cells as autograde does (tests in the grader, the solution in the sandbox, the ranks
-through the relay) with ``HIDDEN_DRAWS = 1000``. A draw that fails would fail a learner's
-correct answer too.
+in one spawn per world size; helpers.course.grading.draws runs the lab's own cells and its
+solution cells in a real kernel with ``HIDDEN_DRAWS = 1000`` (no nbgrader, no
+demonstrations). A draw that fails would fail a learner's correct answer too.
 """
 
 from __future__ import annotations

@@ -75,7 +75,11 @@ CORRECT = {
     "lab4": lambda r, _: r["max_abs_error"] < 1e-4,
     "lab5": _lab5,
     "lab6": lambda r, _: (
-        len(r["rows"]) == 3 and all(row["max_abs_diff"] < 1e-4 for row in r["rows"])
+        r["widths"]
+        and all(  # per width: after backward, overlap, buckets
+            len(w["rows"]) == 3 and all(row["max_abs_diff"] < 1e-4 for row in w["rows"])
+            for w in r["widths"]
+        )
     ),
     "lab7": lambda r, _: r["rows"] and all(row["max_abs_error"] < 1e-4 for row in r["rows"]),
     "lab8": lambda r, _: (

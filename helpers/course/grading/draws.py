@@ -3,8 +3,7 @@
 Hidden tests draw their random cases ``HIDDEN_DRAWS`` times (the labs' first cell sets
 it to 1 for grading) and run all of them in one spawn per world size. Running a lab's
 own cells with ``HIDDEN_DRAWS = 1000`` therefore checks 1,000 draws of every randomised
-hidden test at about the cost of one pass, graded as autograde grades (the tests in this
-process, the solution in the sandbox, the ranks through the relay)::
+hidden test at about the cost of one pass, in a real kernel with real ranks::
 
     python -m helpers.course.grading.draws lab2 --draws 1000    # prints seconds per test cell
 
@@ -17,11 +16,14 @@ runs) takes all of them once the draws outnumber them.
 from __future__ import annotations
 
 import argparse
+import datetime
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import nbformat
+from nbformat.v4 import new_code_cell
 
 from helpers.course.grading.course_dir import _root, lab_names, notebooks
 from helpers.course.grading.lab_policy import is_lab_cell
@@ -41,28 +43,44 @@ def draw_notebook(path: Path, draws: int):
             continue
         cell.source = solution_source(cell.source)
         cell.outputs, cell.execution_count = [], None
-        if meta.get("grade_id") == "imports":
-            cell.source += f"\nHIDDEN_DRAWS = {int(draws)}  # set by helpers.course.grading.draws\n"
         keep.append(cell)
-    if not any("# set by helpers.course.grading.draws" in c.source for c in keep):
-        raise ValueError(f"{path}: no locked 'imports' cell to set HIDDEN_DRAWS in")
+        if meta.get("grade_id") == "imports":
+            keep.append(
+                new_code_cell(f"HIDDEN_DRAWS = {int(draws)}  # set by helpers.course.grading.draws")
+            )
+    if not any(c.source.startswith("HIDDEN_DRAWS") for c in keep):
+        raise ValueError(f"{path}: no locked 'imports' cell to set HIDDEN_DRAWS after")
     nb.cells = keep
     return nb
 
 
-def run_draws(lab: str, draws: int = 1000, root: Path | None = None):
-    """[(cell grade_id, seconds, error or None)] of the lab's test cells with ``draws`` draws."""
-    from helpers.course.grading.grader.preprocessor import shared_pool
-    from helpers.course.grading.grader.run import grade
+def _seconds(cell) -> float:
+    times = cell.metadata.get("execution", {})
+    start, end = times.get("iopub.execute_input"), times.get("shell.execute_reply")
+    if not start or not end:
+        return 0.0
+    parse = datetime.datetime.fromisoformat
+    return (parse(end.replace("Z", "+00:00")) - parse(start.replace("Z", "+00:00"))).total_seconds()
+
+
+def run_draws(lab: str, draws: int = 1000, root: Path | None = None, timeout: float = 900):
+    """[(cell grade_id, seconds, error or None)] of the lab's cells run with ``draws`` draws."""
+    from nbclient import NotebookClient
 
     out = []
     for path in notebooks(_root(root) / "solutions" / lab):
-        nb, seconds = draw_notebook(path, draws), {}
-        outputs = grade(nb, path.parent, shared_pool(), seconds=seconds)
-        for index, took in sorted(seconds.items()):
-            errors = [o for o in outputs.get(index, []) if o.get("output_type") == "error"]
+        nb = draw_notebook(path, draws)
+        with tempfile.TemporaryDirectory(prefix=f"draws-{lab}-") as tmp:
+            client = NotebookClient(
+                nb, timeout=timeout, kernel_name="python3", allow_errors=True, record_timing=True,
+                resources={"metadata": {"path": tmp}},
+            )  # fmt: skip
+            client.execute()
+        for cell in nb.cells:
+            errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
             error = f"{errors[0]['ename']}: {errors[0]['evalue']}" if errors else None
-            out.append((nb.cells[index].metadata["nbgrader"]["grade_id"], took, error))
+            name = cell.metadata.get("nbgrader", {}).get("grade_id") or cell.source.split("\n")[0]
+            out.append((name, _seconds(cell), error))
     return out
 
 
@@ -79,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, seconds, error in run_draws(lab, args.draws):
             failed |= error is not None
             print(f"{lab:6s} {name:28s} {seconds:7.2f} s  {error or ''}")
-        print(f"{lab:6s} {'(all, graded)':28s} {time.perf_counter() - start:7.2f} s")
+        print(f"{lab:6s} {'(all, with the kernel)':28s} {time.perf_counter() - start:7.2f} s")
     return 1 if failed else 0
 
 
