@@ -41,7 +41,9 @@ def _error(exc: BaseException, cell_name: str | None = None) -> dict:
         if cell_name and frame.filename == f"<{cell_name}>":
             where = [f"{cell_name}, line {frame.lineno}: {frame.line or ''}".rstrip()]
     ename, evalue = type(exc).__name__, str(exc)
-    return new_output("error", ename=ename, evalue=evalue, traceback=[*where, f"{ename}: {evalue}"])
+    render = getattr(exc, "_render_traceback_", None)  # a rank's failure: as IPython shows it
+    shown = render() if callable(render) else [f"{ename}: {evalue}"]
+    return new_output("error", ename=ename, evalue=evalue, traceback=[*where, *shown])
 
 
 def _named_error(ename: str, message: str) -> dict:
