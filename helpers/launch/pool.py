@@ -133,8 +133,14 @@ class Pool:
             send(self._proc.stdin.fileno(), {"spawn": request})
             self._wait(job, sel, listener, time.monotonic() + timeout)
             self._read_remaining_output(job, sel)
-        except BaseException:  # KeyboardInterrupt included: never leave ranks behind
+        except BaseException as e:  # KeyboardInterrupt included: never leave ranks behind
             self._kill_workers()
+            if not isinstance(e, Exception):
+                # An interrupt can land between a message's length and its body: the
+                # zygote's stream is then out of step, and reading on would block for
+                # ever. Close it (EOF: it kills its workers and exits); the next call
+                # starts a fresh one.
+                self.close()
             raise
         finally:
             job.flush_output()
@@ -144,7 +150,7 @@ class Pool:
             sel.close()
             os.unlink(path)
             os.rmdir(tmp)
-            if not job.finished():
+            if self._proc is not None and not job.finished():
                 self._drain_exits(job)
         return _outcome(job, timeout)
 

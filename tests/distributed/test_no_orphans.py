@@ -144,3 +144,52 @@ def test_an_interrupted_spawn_does_not_blame_the_next_call(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "interrupted" in out.stdout and "next calls fine" in out.stdout
+
+
+CUT_MESSAGE = textwrap.dedent(
+    """
+    import time
+    from helpers import launch
+    from helpers.launch import framing, pool
+
+    def sleeper(d):
+        time.sleep(600)
+
+    def healthy(d):
+        return d.rank
+
+    real_recv, cut = framing.recv, []
+
+    def recv_cut_once(fd):
+        # A Ctrl-C that lands after a zygote message's length was read, before its body.
+        if not cut:
+            cut.append(framing._read_exact(fd, framing._FRAME.size))
+            raise KeyboardInterrupt
+        return real_recv(fd)
+
+    launch.warm_up()
+    pool.recv = recv_cut_once  # the pool reads the zygote's stream through this name
+    try:
+        launch.spawn(sleeper, world_size=2, timeout=600)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    pool.recv = real_recv
+    assert launch.spawn(healthy, world_size=2) == [0, 1]
+    print("next call fine", flush=True)
+    """
+)
+
+
+def test_an_interrupt_between_a_message_length_and_its_body_does_not_hang_the_next_call(tmp_path):
+    # Before the pool closed its zygote on an interrupt, the clean-up read the rest of the
+    # cut message as a new length and blocked (the 180 s CI hang of the test above).
+    out = subprocess.run(
+        [sys.executable, "-c", CUT_MESSAGE],
+        env=_env(tmp_path),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "interrupted" in out.stdout and "next call fine" in out.stdout
