@@ -203,6 +203,8 @@ def init(
         )
     if backend in ("standin", "dryrun"):  # a checked run: DeepSpeed's tensors on the stand-in too
         standin.use_for_deepspeed(backend)
+    elif backend == "gloo":  # DeepSpeed (if imported) all-reduces through gloo, as through NCCL
+        standin.deepspeed_through_torch()
     return Dist(rank=rank_, local_rank=local, world_size=world, device=device, backend=backend)
 
 

@@ -37,13 +37,14 @@ import torch.distributed as tdist
 
 from helpers.standin.autocast import register_autocast
 from helpers.standin.cuda_rules import take_cuda_paths
+from helpers.standin.ds_accelerator import collectives_through_torch as deepspeed_through_torch
 from helpers.standin.ds_accelerator import install_if_imported as use_for_deepspeed
 from helpers.standin.groups import POINT_TO_POINT, dryrun_backend_class, standin_backend_class
 from helpers.standin.module import GpuModule
 from helpers.standin.tensor import DEVICE_TYPE, DeviceTensor, device, register_kernels
 
 __all__ = ["MODE_ENV", "GPU_ENV", "DEVICE_TYPE", "DeviceTensor", "POINT_TO_POINT", "install",
-           "mode", "device", "use_for_deepspeed"]  # fmt: skip
+           "mode", "device", "use_for_deepspeed", "deepspeed_through_torch"]  # fmt: skip
 
 MODE_ENV = "WORKBOOK_DEVICE_CHECK"  # "strict" or "fake"
 GPU_ENV = "WORKBOOK_STANDIN_GPU"  # which GPU the stand-in claims to be

@@ -21,7 +21,7 @@ import sys
 
 import torch
 
-__all__ = ["install_if_imported"]
+__all__ = ["install_if_imported", "collectives_through_torch"]
 
 
 def _on_device(dtype) -> property:
@@ -80,9 +80,28 @@ def install_if_imported(backend: str) -> bool:
     from deepspeed.accelerator import set_accelerator
 
     set_accelerator(_accelerator_class()(backend))
+    collectives_through_torch()
     _torch_cpu_adam()
     if backend == "dryrun":
         _agree_with_itself()
+    return True
+
+
+def collectives_through_torch() -> bool:
+    """DeepSpeed's collectives go through ``torch.distributed`` on CPU ranks, as on GPUs.
+
+    On CPU, DeepSpeed's accelerator swaps its all-reduce for a shared-memory kernel that
+    it compiles in C++ on first use (about a minute on 2 cores, in every fresh machine's
+    first DeepSpeed run); on GPUs it calls ``torch.distributed``, served by NCCL. Marking
+    that kernel unavailable keeps CPU ranks on torch's path (gloo here, the stand-in's
+    group in a check): the path a GPU takes, the one the workbook's counters see, and
+    nothing to compile. A no-op (False) when the program has not imported deepspeed.
+    """
+    if "deepspeed" not in sys.modules:
+        return False
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     return True
 
 

@@ -186,6 +186,9 @@ def wrap(d: Dist, model: nn.Module, mode: str, optimizer=torch.optim.AdamW, **se
 def _deepspeed_steps(d: Dist, model, xs, ys, steps: int, lr: float, stage: int, settings: dict):
     import deepspeed
 
+    from helpers import standin
+
+    standin.deepspeed_through_torch()  # on CPU ranks too: torch.distributed, not a compiled kernel
     cfg = deepspeed_config(stage, len(xs), d.world_size, lr,
                            weight_decay=settings.get("weight_decay", 0.01))  # fmt: skip
     engine, _, _, _ = deepspeed.initialize(
