@@ -68,7 +68,13 @@ def _lab5(r, run_dir) -> bool:
 # What the learner's code must have computed inside the job, per lab (rank 0's metrics
 # and the run directory, which holds the learner's modules).
 CORRECT = {
-    "lab0": lambda r, _: r["your_mean"] == pytest.approx(r["expected_mean"], rel=1e-9),
+    "lab0": lambda r, _: (
+        r["your_mean"] == pytest.approx(r["expected_mean"], rel=1e-9)
+        and r["gathered_mean"] == pytest.approx(r["expected_mean"], rel=1e-9)
+        and r["your_calls"] == [["all_reduce", 16]]  # one all-reduce of (sum, count) in float64
+        and r["gather_bytes_sent_per_rank"]
+        >= (r["world_size"] - 1) / r["world_size"] * r["n_items"] * 8
+    ),
     "lab1": lambda r, _: r["rows"] and all(row["equal"] for row in r["rows"]),
     "lab2": lambda r, _: r["max_abs_diff"] < 1e-5,
     "lab3": _lab3,
