@@ -7,6 +7,7 @@ and on 2 CPU ranks on the stand-in GPU.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 from pathlib import Path
@@ -32,8 +33,22 @@ def old_model_args(cfg):
 T._model_args = old_model_args
 T.main()
 """
-ARGS_07 = ["--tp", "2", "--dim", "1024", "--n-layers", "8", "--seq-len", "1024",
-           "--batch-size", "32", "--steps", "50"]  # fmt: skip
+# The arguments 07's site jobs had when that program was current (the tiny config's widths).
+OLD_ARGS_07 = ["--tp", "2", "--dim", "1024", "--n-layers", "8", "--seq-len", "1024",
+               "--batch-size", "32", "--steps", "50"]  # fmt: skip
+NOTEBOOK_07 = Path(__file__).resolve().parents[2] / "notebooks" / "07_fsdp_tp_llama2.ipynb"
+
+
+def args_07() -> list[str]:
+    """The arguments notebook 07's site jobs pass today: its ``ARGS = (...)`` in the cell that
+    writes ``site_jobs``, read from the notebook, so this test cannot drift from it."""
+    cells = json.loads(NOTEBOOK_07.read_text())["cells"]
+    [source] = ["".join(c["source"]) for c in cells
+                if c["cell_type"] == "code" and "site_jobs" in "".join(c["source"])
+                and "ARGS = (" in "".join(c["source"])]  # fmt: skip
+    [value] = [node.value for node in ast.parse(source).body
+               if isinstance(node, ast.Assign) and [t.id for t in node.targets] == ["ARGS"]]  # fmt: skip
+    return [str(a) for a in ast.literal_eval(value)]
 
 
 @pytest.fixture
@@ -52,7 +67,7 @@ def test_07s_old_arguments_fail_at_full_size_naming_the_line(runs, tmp_path):
     program = tmp_path / "train_llama_before.py"
     program.write_text(OLD_TRAIN_LLAMA)
     Job("fsdp-tp-llama2", program, nodes=1, gpus_per_node=4, profile="jean-zay",
-        values={"project": "abc"}, args=ARGS_07).write()  # fmt: skip
+        values={"project": "abc"}, args=OLD_ARGS_07).write()  # fmt: skip
     rows = _rows(runs, all_gpus=False)
     assert len(rows) == 1 and not rows[0].ok
     assert "ValueError: sequence of 1024 tokens > max_seq_len=64" in rows[0].reached
@@ -60,9 +75,10 @@ def test_07s_old_arguments_fail_at_full_size_naming_the_line(runs, tmp_path):
 
 
 def test_07s_job_now_builds_on_the_meta_device_and_fits(runs):
-    """The fixed program: 2 nodes x 4 A100-40GB, TP 2 x FSDP 4, bf16 compute."""
+    """07's site job as the notebook writes it now, on 2 nodes x 4 A100-40GB (TP 2 x FSDP 4,
+    bf16 compute): it builds on the meta device and fits."""
     Job("fsdp-tp-llama2", Path(train_llama.__file__), nodes=2, gpus_per_node=4,
-        profile="perlmutter", values={"account": "m0000_g"}, args=ARGS_07).write()  # fmt: skip
+        profile="perlmutter", values={"account": "m0000_g"}, args=args_07()).write()  # fmt: skip
     (row,) = _rows(runs)
     assert row.ok, row
     assert row.reached == "step" and row.strict == "ok"
