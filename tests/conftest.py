@@ -40,3 +40,12 @@ def pytest_sessionfinish(session, exitstatus):
     out = Path(__file__).resolve().parents[1] / "build" / "dryrun"
     if (out / "rows").is_dir():
         (out / "report.md").write_text(dryrun.combined(out))
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Lab jobs (tests/slurm/test_lab_jobs.py) run last in whichever session has them.
+
+    Each is papermill, a Slurm job and a dry run: CPU work that would otherwise meet the
+    notebooks' timing lessons, which run first beside the other session (Makefile, test).
+    """
+    items.sort(key=lambda item: item.nodeid.startswith("tests/slurm/test_lab_jobs.py"))
