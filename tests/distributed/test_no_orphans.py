@@ -106,6 +106,11 @@ INTERRUPTED_SPAWN = textwrap.dedent(
     import os, signal, threading, time
     from helpers import launch
 
+    # Ctrl-C raises KeyboardInterrupt, as in a terminal or a kernel, even when this test runs
+    # under a shell that started it in the background (which leaves SIGINT ignored, and a
+    # Python started that way never raises it: the spawn below then waited its 600 s).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
     def sleeper(d):
         open(f"running{d.rank}", "w").close()
         time.sleep(600)

@@ -134,7 +134,11 @@ ATTACKS = textwrap.dedent(
         return sorted(os.listdir("/tmp")) + sorted(os.listdir("."))
 
     def seen_files():
-        tmp = [f for f in os.listdir("/tmp") if not os.getcwd().startswith(f"/tmp/{f}/")]
+        import sys
+        import helpers
+        # what the sandbox mounts read-only at its own path (a clone under /tmp shows there)
+        mounted = (os.getcwd(), sys.prefix, helpers.__file__)
+        tmp = [f for f in os.listdir("/tmp") if not any(p.startswith(f"/tmp/{f}/") for p in mounted)]
         return sorted(tmp) + sorted(os.listdir(".")) + sorted(os.listdir("/dev/shm"))
 
     calls = []
