@@ -91,6 +91,9 @@ def needed_paths() -> list[Path]:
     }
     for p in [*sysconfig.get_paths().values(), *site.getsitepackages()]:
         paths.add(Path(p))
+    # Package directories a .pth file put on the path (a class venv that borrows another's
+    # packages): only site directories, never the script's directory or the course's.
+    paths.update(Path(p) for p in sys.path if Path(p).name in ("site-packages", "dist-packages"))
     return sorted({p.resolve() for p in paths if p.exists()})
 
 
