@@ -74,7 +74,7 @@ ATTACKS = textwrap.dedent(
                     time.sleep(1)
             os._exit(0)
         os.waitpid(pid, 0)
-        subprocess.Popen(["sleep", "600"], start_new_session=True)
+        subprocess.Popen(["sleep", "6061"], start_new_session=True)  # a length nothing else sleeps
         for _ in range(500):
             names = [open(f"/proc/{p}/comm").read().strip()
                      for p in os.listdir("/proc") if p.isdigit()]
@@ -302,7 +302,7 @@ def _free_port():
 def _orphans() -> list[psutil.Process]:
     found = []
     for p in psutil.process_iter(["name", "cmdline"]):
-        if p.info["name"] == ORPHAN or p.info["cmdline"] == ["sleep", "600"]:
+        if p.info["name"] == ORPHAN or p.info["cmdline"] == ["sleep", "6061"]:
             found.append(p)
     return found
 
