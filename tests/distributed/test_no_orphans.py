@@ -138,17 +138,23 @@ INTERRUPTED_SPAWN = textwrap.dedent(
 )
 
 
-def test_an_interrupted_spawn_does_not_blame_the_next_call(tmp_path):
+def _script(source: str, tmp_path, timeout: float) -> str:
+    """Run ``source`` in a fresh python in ``tmp_path``; its stdout (it must exit 0)."""
     out = subprocess.run(
-        [sys.executable, "-c", INTERRUPTED_SPAWN],
+        [sys.executable, "-c", source],
         env=_env(tmp_path),
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=timeout,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "interrupted" in out.stdout and "next calls fine" in out.stdout
+    return out.stdout
+
+
+def test_an_interrupted_spawn_does_not_blame_the_next_call(tmp_path):
+    stdout = _script(INTERRUPTED_SPAWN, tmp_path, timeout=180)
+    assert "interrupted" in stdout and "next calls fine" in stdout
 
 
 CUT_MESSAGE = textwrap.dedent(
@@ -187,14 +193,6 @@ CUT_MESSAGE = textwrap.dedent(
 
 def test_an_interrupt_between_a_message_length_and_its_body_does_not_hang_the_next_call(tmp_path):
     # Before the pool closed its zygote on an interrupt, the clean-up read the rest of the
-    # cut message as a new length and blocked (the 180 s CI hang of the test above).
-    out = subprocess.run(
-        [sys.executable, "-c", CUT_MESSAGE],
-        env=_env(tmp_path),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "interrupted" in out.stdout and "next call fine" in out.stdout
+    # cut message as a new length and blocked for ever.
+    stdout = _script(CUT_MESSAGE, tmp_path, timeout=60)
+    assert "interrupted" in stdout and "next call fine" in stdout
