@@ -31,7 +31,7 @@ caller says the work would use (``wants=``), by default one core per rank.
 
 ``check`` asserts the lesson (its message says what was found and what the ranks had) when the
 premise holds; otherwise it prints what it measured and that the lesson could not be checked
-here, and returns False. ``clocked(fn)`` wraps a rank function written without a clock.
+here (``premise.holds`` says which). ``clocked(fn)`` wraps a rank function written without a clock.
 """
 
 from __future__ import annotations
@@ -150,13 +150,18 @@ class Premise:
         """The same premise, holding only if ``condition`` too (``what`` says what it needs)."""
         return dataclasses.replace(self, extra=(*self.extra, (bool(condition), what)))
 
+    @property
+    def crowded(self) -> bool:
+        """Other programs took cores the ranks wanted (the measured part of the premise fails)."""
+        return self.had < self.share * self.could_use
+
     def __str__(self) -> str:
-        how = "waited for a core" if self.measured else "assumed, this OS does not say"
+        how = "CPU + waiting for a core" if self.measured else "assumed: this OS does not say"
         text = (
             f"{self.ranks} rank{'s' * (self.ranks != 1)} had {self.had:.2f} of the {self.could_use:.2f} cores "
-            f"they could use ({self.wanted:.2f} wanted: CPU + time {how}; {self.cores} cores here)"
+            f"they could use ({self.wanted:.2f} wanted, {how}; {self.cores} cores here)"
         )
-        return text + "".join(f"; needs {what}: {'yes' if ok else 'no'}" for ok, what in self.extra)
+        return text + "".join(f"; but not {what}" for ok, what in self.extra if not ok)
 
 
 def premise(readings: Sequence[Reading], *, wants: float | None = None, share: float = SHARE,
@@ -177,22 +182,14 @@ def premise(readings: Sequence[Reading], *, wants: float | None = None, share: f
     return Premise(len(readings), cores or machine_cores(), had, max(wanted, had), measured, share)
 
 
-def check(premise: Premise, lesson: str, ok: bool, found: str) -> bool:
-    """Assert ``ok`` (the lesson, ``found`` says what was measured) when ``premise`` holds, and
-    return True; otherwise print what was found and that the lesson could not be checked here,
-    and return False."""
+def check(premise: Premise, lesson: str, ok: bool, found: str) -> None:
+    """Assert ``ok`` (the lesson; ``found`` says what was measured) when ``premise`` holds;
+    otherwise print what was found and that the lesson could not be checked here."""
     if premise.holds:
         assert ok, f"{lesson}: not so here, found {found}, although {premise}"
         print(f"checked: {lesson}: {found} ({premise})")
-        return True
-    short = premise.had < premise.share * premise.could_use
-    why = (
-        "other programs took the cores, so the timings measure them, not the lesson"
-        if short
-        else "this machine is not the one the lesson is about"
-    )
-    print(
-        f"not checked here: {lesson}. The premise does not hold ({why}): {premise}. "
-        f"Found {found}, which {'agrees' if ok else 'does not agree'} with the lesson."
-    )
-    return False
+        return
+    why = "other programs took cores, and the timings measure them too" if premise.crowded else (
+        "the lesson is about another machine")  # fmt: skip
+    agrees = "agrees" if ok else "does not agree"
+    print(f"not checked here: {lesson}. Found {found}, which {agrees}; but {premise}: {why}.")
