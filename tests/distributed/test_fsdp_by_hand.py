@@ -1,6 +1,7 @@
 """FSDP from collectives (helpers.parallel.sharded.fsdp_by_hand) on real gloo ranks: it trains exactly
-like one process and like FSDP2, sends what ZeRO-3 sends, frees the gathered weights between
-forward and backward, and holds 16 bytes per parameter / N between steps."""
+like one process and like FSDP2, in FSDP1's flat layout and in FSDP2's per-parameter rows (then
+shard for shard and collective for collective like FSDP2), sends what ZeRO-3 sends, frees the
+gathered weights between forward and backward, and holds 16 bytes per parameter / N between steps."""
 
 import pytest
 import torch
@@ -35,10 +36,10 @@ def _odd(dtype=torch.float64):
     return Odd().to(dtype)
 
 
-def _train(d, model, units, tokens, targets, steps=3, dtype=None, calls=None):
+def _train(d, model, units, tokens, targets, steps=3, dtype=None, calls=None, layout="flat"):
     """AdamW steps; ``calls``: a list that receives the last step's collectives."""
     if units is not None:
-        model = fsdp_by_hand.shard_model(d, model, units(model), compute_dtype=dtype)
+        model = fsdp_by_hand.shard_model(d, model, units(model), compute_dtype=dtype, layout=layout)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     mine = tokens.chunk(d.world_size)[d.rank], targets.chunk(d.world_size)[d.rank]
     losses = []
@@ -60,20 +61,25 @@ def _train(d, model, units, tokens, targets, steps=3, dtype=None, calls=None):
     return losses, model
 
 
-def _odd_run(d, tokens, targets):
-    losses, model = _train(d, _odd(), lambda m: [m.emb, m.block, m.head], tokens, targets)
+def _odd_run(d, tokens, targets, layout):
+    losses, model = _train(
+        d, _odd(), lambda m: [m.emb, m.block, m.head], tokens, targets, layout=layout
+    )
     return losses, fsdp_by_hand.full_state_dict(model)
 
 
+@pytest.mark.parametrize("layout", ["flat", "per-parameter"])
 @pytest.mark.parametrize("world", [2, 4])
-def test_equals_one_process_with_odd_shapes(world):
+def test_equals_one_process_with_odd_shapes(world, layout):
     g = torch.Generator().manual_seed(0)
     tokens, targets = (
         torch.randint(0, 11, (8, 3), generator=g),
         torch.randint(0, 5, (8, 3), generator=g),
     )
     ref_losses, ref = _train(Dist(), _odd(), None, tokens, targets)
-    for rank, (losses, state) in enumerate(launch.spawn(_odd_run, world, args=(tokens, targets))):
+    for rank, (losses, state) in enumerate(
+        launch.spawn(_odd_run, world, args=(tokens, targets, layout))
+    ):
         assert losses == pytest.approx(ref_losses, rel=1e-12, abs=1e-12), f"rank {rank}"
         assert state.keys() == ref.state_dict().keys()  # the original names, every parameter
         for name, value in ref.state_dict().items():
@@ -136,6 +142,49 @@ def test_llama_equals_fsdp2_and_sends_what_zero3_sends(dtype):
     assert sum(b for name, b in calls if name == "all_reduce") == 4 * norms
 
 
+def _local_shards(d, tokens, by_hand: bool):
+    """Rank's local shards (before and after 3 bf16 steps) and the last step's collectives:
+    the per-parameter layout by hand, or FSDP2 on the same units."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.manual_seed(0)
+    model = llama2.Transformer(LLAMA)
+    if by_hand:
+        fsdp_by_hand.shard_model(
+            d, model, _llama_units(model), torch.bfloat16, layout="per-parameter"
+        )
+    else:
+        mesh = init_device_mesh("cpu", (d.world_size,))
+        fsdp.apply_fsdp(model, mesh, layers=_llama_units(model), mp_policy=fsdp.mixed_precision())
+
+    def local():
+        return [
+            (p.to_local() if hasattr(p, "to_local") else p).detach().clone()
+            for p in model.parameters()
+        ]
+
+    before, calls = local(), []
+    _train(d, model, None, tokens[:, :-1], tokens[:, 1:], calls=calls)
+    return before, local(), calls
+
+
+def test_per_parameter_layout_keeps_and_sends_what_fsdp2_does():
+    """On 4 ranks (vocabulary 250: 63 rows each, 61 on the last rank, padded on the wire) every
+    rank holds FSDP2's local tensors, before and after 3 bf16 steps, bit for bit, and sends
+    FSDP2's collectives, byte for byte, less the embedding's backward gather that FSDP2 makes
+    and its backward does not need."""
+    tokens = torch.randint(0, 250, (4, 17), generator=torch.Generator().manual_seed(0))
+    hand = launch.spawn(_local_shards, 4, args=(tokens, True))
+    ref = launch.spawn(_local_shards, 4, args=(tokens, False))
+    for rank, ((h0, h3, h_calls), (f0, f3, f_calls)) in enumerate(zip(hand, ref, strict=True)):
+        for when, h, f in (("before", h0, f0), ("after 3 steps", h3, f3)):
+            assert [t.shape for t in h] == [t.shape for t in f], f"rank {rank} {when}"
+            assert all(torch.equal(a, b) for a, b in zip(h, f, strict=True)), f"rank {rank} {when}"
+        emb_gather = ("all_gather_into_tensor", -(-250 // 4) * LLAMA.dim * 2)  # 63 rows in bf16
+        assert sorted(f_calls) == sorted([*h_calls, emb_gather]), f"rank {rank}"
+    assert hand[3][0][0].shape == (61, LLAMA.dim)  # torch.chunk: the last rank's rows
+
+
 def _held(d, steps):
     """Bytes of the shards, their gradients and AdamW's state on this rank after ``steps``,
     and whether the gathered weights were freed after forward."""
@@ -193,7 +242,7 @@ def test_a_unit_without_linear_or_embedding_has_no_shard():
     out = model(torch.randn(3, 4, dtype=torch.float64))
     out.sum().backward()
     assert out.dtype == torch.float64
-    assert model[1].shard is None
+    assert len(model[1].shards) == 0
     assert all(
         p.numel() > 0 and p.grad is not None for p in model.parameters()
     )  # every one trained

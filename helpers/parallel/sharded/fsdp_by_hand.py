@@ -1,37 +1,43 @@
 """FSDP (ZeRO-3) from collectives, by hand: what ``fully_shard`` does, in a hundred lines.
 
-Each *unit* (a module: a decoder block, the embedding, the output layer) flattens the
-weights of its Linear and Embedding layers into one fp32 vector, pads it to a multiple of
-the N ranks, and keeps only its 1/N slice: the **master shard**, the one parameter the
-optimizer sees (a unit with no Linear or Embedding, a final norm say, has no shard at all:
-its ``shard`` is None, so the optimizer never sees an empty parameter that no gradient reaches).
-Norms stay whole on every rank (replicated). Around the unit:
+Each *unit* (a module: a decoder block, the embedding, the output layer) keeps only its
+1/N of its weights, the **master shards**, the parameters the optimizer sees. How the
+weights are cut is the unit's ``layout`` (``shard_layout``):
 
-    forward    all-gather every rank's shard, cast to the compute dtype (bf16)
-               -> compute with views of the full vector -> drop it (freed)
+    "flat"          FSDP1's design: the weights of its Linear and Embedding layers
+                    flattened into one fp32 vector, padded to a multiple of N, one slice
+                    per rank. Norms stay whole on every rank (replicated: their fp32
+                    gradients are all-reduced, as DDP would). A unit with no Linear or
+                    Embedding (a final norm) has no shard at all, so the optimizer never
+                    sees an empty parameter that no gradient reaches.
+    "per-parameter" FSDP2's design: every parameter of the unit cut on dim 0, each rank
+                    keeping rows [r*c, (r+1)*c), c = ceil(rows/N): the same local tensors
+                    as FSDP2's DTensors (``to_local()``), norms included.
+
+Around the unit, in either layout:
+
+    forward    all-gather every rank's slice, cast to the compute dtype (bf16)
+               -> the full weights (views of the buffer, or copied out of it)
+               -> compute -> drop them (freed)
     backward   all-gather again when autograd first needs a weight (a saved-tensor hook:
                a layer whose backward needs only its input, as an embedding's, is not
-               gathered again) -> the full vector's gradient -> reduce-scatter it in fp32:
+               gathered again) -> the full gradients -> reduce-scatter them in fp32:
                each rank gets the mean of its own slice -> drop the gathered weights
-    replicated (norms) cast to the compute dtype in forward; their fp32 gradients are
-               all-reduced (averaged), as DDP would
 
     units = [model.tok_embeddings, *model.layers.values(), model.norm, model.output]
-    model = shard_model(d, model, units, compute_dtype=torch.bfloat16)
-    opt = torch.optim.AdamW(model.parameters(), lr=...)  # fp32 shards + replicated norms
+    model = shard_model(d, model, units, compute_dtype=torch.bfloat16, layout="flat")
+    opt = torch.optim.AdamW(model.parameters(), lr=...)  # the fp32 shards (+ replicated norms)
     loss_fn(model(tokens)).backward()
     opt.step()
     full = full_state_dict(model)     # every rank: the whole model, by its original names
 
 What a rank holds between steps: 4 + 4 + 8 bytes (fp32 shard, its gradient, Adam) per
-parameter / N, like FSDP2, plus the norms whole. While a unit computes: its full weights in
-the compute dtype and their gradient (the estimator's ``gathered`` part), and for the
-reduce-scatter an fp32 copy of that gradient.
+parameter / N, like FSDP2 (the flat layout: plus the norms whole). While a unit computes:
+its full weights in the compute dtype and their gradient (the estimator's ``gathered``
+part), and for the reduce-scatter an fp32 copy of that gradient.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.distributed as tdist
@@ -39,10 +45,11 @@ from torch import nn
 from torch.func import functional_call
 
 from helpers import compat
+from helpers.parallel.sharded.shard_layout import make_layout
 
 __all__ = ["SHARDED_TYPES", "GatherShards", "ShardedUnit", "shard_model", "full_state_dict"]
 
-SHARDED_TYPES = (nn.Linear, nn.Embedding)  # their weights are sharded; everything else replicated
+SHARDED_TYPES = (nn.Linear, nn.Embedding)  # flat layout: their weights sharded, the rest replicated
 
 
 class GatherShards(torch.autograd.Function):
@@ -50,7 +57,7 @@ class GatherShards(torch.autograd.Function):
     backward: reduce-scatter its gradient (fp32) so each rank gets the mean of its slice."""
 
     @staticmethod
-    def forward(ctx, shard: torch.Tensor, unit: ShardedUnit) -> torch.Tensor:
+    def forward(ctx, unit: ShardedUnit, *shards: torch.Tensor) -> torch.Tensor:
         ctx.unit = unit
         return unit.all_gather()
 
@@ -58,53 +65,52 @@ class GatherShards(torch.autograd.Function):
     def backward(ctx, full_grad: torch.Tensor):
         unit = ctx.unit
         unit.gathered = None  # the unit's backward is done: free the weights gathered again
-        return unit.reduce_scatter(full_grad), None
+        return None, *unit.layout.grads(unit.reduce_scatter(full_grad))
 
 
 class ShardedUnit(nn.Module):
-    """One FSDP unit: ``inner``'s Linear and Embedding weights as one flat fp32 shard."""
+    """One FSDP unit: ``inner``'s weights as fp32 master shards, cut by ``layout``."""
 
-    def __init__(self, inner: nn.Module, rank: int, world: int, compute_dtype=None, group=None):
+    def __init__(self, inner: nn.Module, rank: int, world: int, compute_dtype=None, group=None,
+                 layout: str = "flat"):  # fmt: skip
         super().__init__()
         self.inner, self.world, self.group = inner, world, group
-        owned = [(f"{name}.{k}".lstrip("."), p) for name, m in inner.named_modules()
-                 if isinstance(m, SHARDED_TYPES) for k, p in m.named_parameters(recurse=False)]  # fmt: skip
+        if layout == "flat":  # FSDP1 here: the Linear and Embedding weights, norms replicated
+            owned = [(f"{name}.{k}".lstrip("."), p) for name, m in inner.named_modules()
+                     if isinstance(m, SHARDED_TYPES) for k, p in m.named_parameters(recurse=False)]  # fmt: skip
+        else:  # FSDP2: every parameter of the unit
+            owned = list(inner.named_parameters())
         self.names = [name for name, _ in owned]
-        self.shapes = [p.shape for _, p in owned]
-        self.numels = [p.numel() for _, p in owned]
-        self.chunk = math.ceil(sum(self.numels) / world)  # every rank's slice has this length
-        # the master shard keeps the parameters' own dtype (fp32; float64 in the exact tests)
-        self.shard: nn.Parameter | None = None  # a unit of norms only has nothing to shard
-        if owned:
-            flat = torch.cat([p.detach().reshape(-1) for _, p in owned])
-            flat = nn.functional.pad(flat, (0, self.chunk * world - flat.numel()))  # equal slices
-            self.shard = nn.Parameter(flat[rank * self.chunk : (rank + 1) * self.chunk].clone())
+        self.layout = make_layout(layout, [p.shape for _, p in owned], rank, world)
+        # the master shards keep the parameters' own dtype (fp32; float64 in the exact tests);
+        # a unit of norms only, in the flat layout, has nothing to shard: no parameter at all
+        shards = self.layout.shard([p for _, p in owned]) if owned else []
+        self.shards = nn.ParameterList([nn.Parameter(t) for t in shards])
         dtypes = [p.dtype for p in inner.parameters()]
-        self.dtype = compute_dtype or (
-            owned[0][1].dtype if owned else dtypes[0] if dtypes else torch.float32
-        )
+        self.dtype = compute_dtype or (dtypes[0] if dtypes else torch.float32)
         for name in self.names:  # the unit keeps no full copy: forward supplies it
             path, _, attr = name.rpartition(".")
-            del inner.get_submodule(path)._parameters[attr]
-        self.replicated = dict(inner.named_parameters())  # what is left: norms
+            del (inner.get_submodule(path) if path else inner)._parameters[attr]
+        self.replicated = dict(inner.named_parameters())  # what is left: norms (flat layout)
         for p in self.replicated.values():
             p.register_post_accumulate_grad_hook(self._average)
-        self.gathered: torch.Tensor | None = None  # the full vector, while it is needed
+        self.gathered: list[torch.Tensor] | None = None  # the full weights, while needed
 
     # -- the collectives ---------------------------------------------------------------
-    def all_gather(self) -> torch.Tensor:
-        piece = self.shard.detach().to(self.dtype)  # bf16: half the bytes on the wire
+    def all_gather(self, dtype=None) -> torch.Tensor:
+        """Every rank's slice, in ``dtype`` (the compute dtype: bf16 halves the bytes)."""
+        piece = self.layout.gather_input(list(self.shards), dtype or self.dtype)
         if self.world == 1:  # one process: nothing to gather
             return piece.clone()
-        full = torch.empty(self.chunk * self.world, dtype=self.dtype, device=piece.device)
+        full = torch.empty(self.layout.chunk * self.world, dtype=piece.dtype, device=piece.device)
         compat.all_gather_single(full, piece, group=self.group)
         return full
 
     def reduce_scatter(self, full_grad: torch.Tensor) -> torch.Tensor:
-        full_grad = full_grad.to(self.shard.dtype)  # reduce in the master's precision (fp32)
+        full_grad = full_grad.to(self.shards[0].dtype)  # reduce in the master's precision (fp32)
         if self.world == 1:
             return full_grad
-        grad = torch.empty_like(self.shard)
+        grad = torch.empty(self.layout.chunk, dtype=full_grad.dtype, device=full_grad.device)
         compat.reduce_scatter_single(grad, full_grad, group=self.group)  # the sum over the ranks
         return grad.div_(self.world)  # the mean over the ranks' micro-batches
 
@@ -114,17 +120,14 @@ class ShardedUnit(nn.Module):
             p.grad.div_(self.world)
 
     # -- forward, and the hooks that bring the weights back in backward -------------------
-    def weights(self, full: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Views of the full vector, shaped and named as the inner module's weights."""
-        pieces = full[: sum(self.numels)].split(self.numels)
-        return {n: t.view(s) for n, t, s in zip(self.names, pieces, self.shapes, strict=True)}
-
     def forward(self, *args, **kwargs):
         params = {n: p.to(self.dtype) for n, p in self.replicated.items()}
         if self.names:
-            full = GatherShards.apply(self.shard, self)
-            params.update(self.weights(full))
-            self.gathered = full.detach()
+            full = GatherShards.apply(self, *self.shards)
+            weights = self.layout.unshard(full)  # flat: views of full; per-parameter: copies
+            del full  # per-parameter: the gathered buffer is freed once copied out
+            params.update(zip(self.names, weights, strict=True))
+            self.gathered = [w.detach() for w in weights]
         args, kwargs = _cast((args, kwargs), self.dtype)  # FSDP2 casts a unit's inputs too
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
             out = functional_call(self.inner, params, args, kwargs)
@@ -132,18 +135,19 @@ class ShardedUnit(nn.Module):
         return out
 
     def _pack(self, t: torch.Tensor):
-        """What autograd saves: a view of the gathered weights is saved as its place only."""
-        g = self.gathered
-        if g is not None and t.untyped_storage().data_ptr() == g.untyped_storage().data_ptr():
-            return ("gathered", t.shape, t.stride(), t.storage_offset())
+        """What autograd saves: a view of a gathered weight is saved as its place only."""
+        ptr = t.untyped_storage().data_ptr()
+        for i, w in enumerate(self.gathered or ()):
+            if ptr == w.untyped_storage().data_ptr():
+                return ("gathered", i, t.shape, t.stride(), t.storage_offset())
         return t
 
     def _unpack(self, saved):
         if not (isinstance(saved, tuple) and saved[0] == "gathered"):
             return saved
         if self.gathered is None:  # the first weight backward needs: all-gather again
-            self.gathered = self.all_gather()
-        return self.gathered.as_strided(*saved[1:])
+            self.gathered = self.layout.unshard(self.all_gather())
+        return self.gathered[saved[1]].as_strided(*saved[2:])
 
 
 def _cast(tree, dtype):
@@ -156,11 +160,13 @@ def _cast(tree, dtype):
     return tree_map(cast, tree)
 
 
-def shard_model(d, model: nn.Module, units, compute_dtype=None, group=None) -> nn.Module:
+def shard_model(
+    d, model: nn.Module, units, compute_dtype=None, group=None, layout="flat"
+) -> nn.Module:
     """Replace each of ``units`` (disjoint submodules of ``model`` that hold every one of its
     parameters) by a ShardedUnit. ``d``: the Dist (rank and world size; ``group`` narrows
     them); ``compute_dtype``: torch.bfloat16 for mixed precision, None for the parameters'
-    own dtype. Returns ``model``."""
+    own dtype; ``layout``: "flat" (FSDP1) or "per-parameter" (FSDP2). Returns ``model``."""
     world = tdist.get_world_size(group) if group is not None else d.world_size
     rank = tdist.get_rank(group) if group is not None else d.rank
     names = {id(m): n for n, m in model.named_modules() if n}
@@ -172,7 +178,7 @@ def shard_model(d, model: nn.Module, units, compute_dtype=None, group=None) -> n
     for unit in units:
         path, _, attr = names[id(unit)].rpartition(".")
         owner = model.get_submodule(path) if path else model
-        setattr(owner, attr, ShardedUnit(unit, rank, world, compute_dtype, group))
+        setattr(owner, attr, ShardedUnit(unit, rank, world, compute_dtype, group, layout))
     return model
 
 
@@ -185,10 +191,7 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
             continue
         weights = dict(unit.replicated)
         if unit.names:
-            full = unit.shard.detach().clone()
-            if unit.world > 1:
-                full = torch.empty(unit.chunk * unit.world, dtype=full.dtype, device=full.device)
-                compat.all_gather_single(full, unit.shard.detach(), group=unit.group)
-            weights.update(unit.weights(full))
+            full = unit.layout.unshard(unit.all_gather(unit.shards[0].dtype))
+            weights.update(zip(unit.names, full, strict=True))
         out.update({f"{prefix}.{n}": t.detach().clone() for n, t in weights.items()})
     return out
