@@ -17,7 +17,7 @@ import torch.distributed as tdist
 __all__ = [
     "FLOOR", "REPLACES", "at_floor", "all_gather_single", "reduce_scatter_single", "allow_tf32",
     "tf32_allowed", "set_reduce_scatter_buffers", "ddp_buffer_sync", "checkpoint_save_options",
-    "distribute_local",
+    "distribute_local", "grouped_mm",
 ]  # fmt: skip
 
 FLOOR = "2.6"  # the oldest torch the workbook supports on clusters (README, "Minimum PyTorch")
@@ -35,6 +35,7 @@ REPLACES = {
     "torch.distributed.checkpoint.save(no_dist=...)": "checkpoint_save_options()",
     "torch.distributed.checkpoint.load(no_dist=...)": "checkpoint_save_options(load=True)",
     "torch.distributed.tensor.distribute_tensor(src_data_rank=...)": "distribute_local(full, mesh, placements)",
+    "torch._grouped_mm": "grouped_mm(a, b, offs)",
 }
 
 # torch 2.14 names; torch 2.6 to 2.13 call them all_gather_into_tensor and reduce_scatter_tensor
@@ -105,6 +106,41 @@ def distribute_local(full: torch.Tensor, mesh, placements):
     if "src_data_rank" in inspect.signature(distribute_tensor).parameters:
         return distribute_tensor(full, mesh, placements, src_data_rank=None)
     return distribute_tensor(full, mesh, placements)
+
+
+_GROUPED_MM_RUNS: dict[str, bool] = {}
+
+
+def _grouped_mm_runs(device: torch.device) -> bool:
+    """Does torch._grouped_mm run bfloat16 on this kind of device? (Asked once per device type:
+    CPU kernels came after the CUDA ones, and a GPU before Hopper may lack them.)"""
+    if device.type not in _GROUPED_MM_RUNS:
+        try:
+            a = torch.ones(16, 8, dtype=torch.bfloat16, device=device)
+            b = torch.ones(1, 8, 8, dtype=torch.bfloat16, device=device)
+            torch._grouped_mm(a, b, offs=torch.tensor([16], dtype=torch.int32, device=device))
+            _GROUPED_MM_RUNS[device.type] = True
+        except (RuntimeError, NotImplementedError):
+            _GROUPED_MM_RUNS[device.type] = False
+    return _GROUPED_MM_RUNS[device.type]
+
+
+def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """The rows of a [M, K], in G groups that end at offs [G] (int32, cumulative), each group g
+    times b[g] [K, N]: one grouped GEMM (``torch._grouped_mm``, newer than 2.6: bfloat16, rows
+    a multiple of 16 bytes) where this torch and device run it, otherwise one product per
+    group (which reads offs on the host: a sync on a GPU). Rows past offs[-1] come out zero
+    here and undefined from the grouped GEMM: leave them unused."""
+    fn = getattr(torch, "_grouped_mm", None)
+    if (fn is not None and a.dtype == b.dtype == torch.bfloat16 and a.shape[-1] % 8 == 0
+            and b.shape[-1] % 8 == 0 and _grouped_mm_runs(a.device)):  # fmt: skip
+        return fn(a, b, offs=offs)
+    outs, start = [], 0
+    for g, end in enumerate(offs.tolist()):
+        outs.append(a[start:end] @ b[g])
+        start = end
+    outs.append(a.new_zeros(len(a) - start, b.shape[-1]))
+    return torch.cat(outs)
 
 
 def at_floor(version: str) -> bool:

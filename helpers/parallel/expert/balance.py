@@ -5,7 +5,8 @@ map to learn (targets = x @ maps[c]): a layer whose experts specialise does well
 trains a router and E experts with Adam for ``steps`` steps on fresh batches and records, per
 step, the task loss and each expert's load. ``balancing``: "none", "aux loss" (Switch,
 coefficient ``alpha``), or "bias" (DeepSeek-V3's auxiliary-loss-free bias, rate ``rate``);
-``factor``: a capacity factor (None: no capacity, nothing dropped).
+``factor``: a capacity factor (None: no capacity, nothing dropped), for the batch as one
+source; ``route``: the router's keywords (``router_topk``: score, norm, scale).
 """
 
 from __future__ import annotations
@@ -14,14 +15,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from helpers.parallel.expert.moe import (
-    Experts,
-    capacity,
-    expert_counts,
-    moe_serial,
-    switch_aux_loss,  # fmt: skip
-    update_bias,
-)
+from helpers.parallel.expert.capacity import capacity
+from helpers.parallel.expert.moe import Experts, moe_serial
+from helpers.parallel.expert.router import expert_counts, switch_aux_loss, update_bias
 
 __all__ = ["RunResult", "Task", "train"]
 
@@ -67,7 +63,8 @@ class RunResult:
 
 def train(balancing: str = "none", n_experts: int = 8, k: int = 2, steps: int = 150,
           tokens: int = 256, seed: int = 0, factor: float | None = None, alpha: float = 0.05,
-          rate: float = 0.01, lr: float = 0.01, init: float = 0.3, task: Task | None = None) -> RunResult:  # fmt: skip
+          rate: float = 0.01, lr: float = 0.01, init: float = 0.3, task: Task | None = None,
+          route: dict | None = None) -> RunResult:  # fmt: skip
     """One short training run (see the module's docstring); returns its per-step record."""
     task = task or Task()
     g = torch.Generator().manual_seed(seed)
@@ -79,7 +76,9 @@ def train(balancing: str = "none", n_experts: int = 8, k: int = 2, steps: int = 
     result = RunResult()
     for _ in range(steps):
         x, y = task.batch(tokens, g)
-        res = moe_serial(x, router, experts, k, cap, bias if balancing == "bias" else None)
+        res = moe_serial(
+            x, router, experts, k, cap, bias if balancing == "bias" else None, **(route or {})
+        )
         loss = (res.out - y).square().mean()
         total = (
             loss + alpha * switch_aux_loss(res.routing, n_experts)

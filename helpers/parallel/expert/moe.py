@@ -1,20 +1,16 @@
 """The mixture-of-experts layer on one process: the serial twin of expert parallelism.
 
-    logits = x @ router_weight                     [T, E]: one score per token and expert
-    routing = router_topk(logits, k)               the k best experts of each token, and their
-                                                   softmax weights renormalised over those k
-    out[t] = sum over its k experts e: weight * expert_e(x[t])
+    routing = router_topk(x @ router_weight, k)    each token's k experts and their gates
+                                                   (helpers.parallel.expert.router)
+    kept = keep_mask(routing, E, cap)              a capacity, per source (capacity.py)
+    out[t] = sum over its kept experts e: gate * expert_e(x[t])
 
 Only k of the E expert feed-forward networks run for a token: the layer holds E times the
-parameters of one, and spends k times its FLOPs. ``moe_serial`` runs it token by token
-per expert (in token order, so a capacity drops the latest tokens an expert was given);
-``helpers.parallel.expert.dispatch`` runs the same layer with the experts spread over ranks.
-
-Balance: ``switch_aux_loss`` (Fedus et al. 2021: E * sum_e f_e P_e, f_e the share of the
-token-expert assignments that went to e, P_e the mean router probability of e; 1 when
-perfectly balanced) and ``update_bias`` (DeepSeek-V3, 2024: a per-expert bias added to the
-scores for the choice only, nudged down for an overloaded expert and up for an idle one
-after each step, with no loss term at all).
+parameters of one, and spends k times its FLOPs. ``moe_serial`` runs it expert by expert on
+the expert's tokens; ``helpers.parallel.expert.dispatch`` runs the same layer with the experts
+spread over ranks, and ``moe_serial(..., sizes=[T] * N)`` is its twin with a capacity (each
+rank's tokens are a source with its own capacity). ``moe_counts``: parameters and FLOPs
+against a dense layer of the same active FLOPs.
 """
 
 from __future__ import annotations
@@ -27,41 +23,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from helpers import standin
+from helpers.parallel.expert.capacity import keep_mask
+from helpers.parallel.expert.router import Routing, expert_counts, router_topk
 
-__all__ = ["Experts", "MoEOutput", "Routing", "capacity", "expert_counts", "host_counts", "moe_counts",
-           "moe_serial", "router_topk", "switch_aux_loss", "update_bias"]  # fmt: skip
-
-
-@dataclass
-class Routing:
-    """Where each token goes. experts [T, k] (long), weights [T, k] (sum 1 per token),
-    probs [T, E] (the router's softmax over every expert, for the auxiliary loss)."""
-
-    experts: torch.Tensor
-    weights: torch.Tensor
-    probs: torch.Tensor
-
-
-def router_topk(logits: torch.Tensor, k: int, bias: torch.Tensor | None = None) -> Routing:
-    """The k experts with the highest probability, their weights renormalised over the k.
-
-    bias (DeepSeek-V3's auxiliary-loss-free balancing): added to the probabilities for the
-    choice only; the weights stay the router's own probabilities, so the bias steers where
-    tokens go without changing what the experts' outputs are weighted by.
-    """
-    probs = torch.softmax(logits.float(), dim=-1).to(logits.dtype)
-    scores = probs if bias is None else probs + bias.to(probs.dtype)
-    experts = scores.topk(k, dim=-1).indices
-    picked = probs.gather(-1, experts)
-    return Routing(experts, picked / picked.sum(-1, keepdim=True), probs)
-
-
-def expert_counts(experts: torch.Tensor, n_experts: int) -> torch.Tensor:
-    """How many token-expert assignments each expert got: [E] (long). A scatter-add, not
-    bincount, so the size is E whatever the data (fake tensors of the dry run have none)."""
-    flat = experts.reshape(-1)
-    counts = torch.zeros(n_experts, dtype=torch.long, device=flat.device)
-    return counts.scatter_add_(0, flat, torch.ones_like(flat))
+__all__ = ["Experts", "MoEOutput", "host_counts", "moe_counts", "moe_serial"]
 
 
 def host_counts(counts: torch.Tensor, total: int) -> list:
@@ -74,11 +39,6 @@ def host_counts(counts: torch.Tensor, total: int) -> list:
         ]
         return torch.tensor(flat).view(counts.shape).tolist()
     return counts.tolist()
-
-
-def capacity(tokens: int, k: int, n_experts: int, factor: float) -> int:
-    """Switch Transformer's expert capacity: factor x the balanced share, tokens k / E."""
-    return math.ceil(factor * tokens * k / n_experts)
 
 
 class Experts(nn.Module):
@@ -123,57 +83,31 @@ class MoEOutput:
     kept: torch.Tensor
 
 
-def moe_serial(x, router_weight, experts: Experts, k: int, cap: int | None = None,
-               bias=None) -> MoEOutput:  # fmt: skip
-    """The MoE layer on one process: route, run each expert on its tokens, combine.
+def moe_serial(x, router_weight, experts: Experts, k: int, cap: int | None = None, bias=None, *,
+               policy: str = "position", sizes: list[int] | None = None, **route) -> MoEOutput:  # fmt: skip
+    """The MoE layer on one process: route, keep what the capacity allows, run each expert on
+    its tokens, combine.
 
-    x [T, dim], router_weight [dim, E], experts: all E of them. cap: each expert takes at
-    most this many assignments, the first ones in token order; the others are dropped (their
-    share of the output is zero: in a transformer the residual connection carries the token on).
+    x [T, dim], router_weight [dim, E], experts: all E of them. cap, policy, sizes: the
+    capacity per source and expert, who is dropped first, and the sources' tokens (see
+    ``capacity.keep_mask``); a dropped assignment adds nothing (in a transformer the residual
+    connection carries the token on). route: ``router_topk``'s keywords (score, norm, scale).
     """
-    routing = router_topk(x @ router_weight, k, bias)
-    order = torch.argsort(routing.experts.reshape(-1), stable=True)  # by expert, then token
-    counts = host_counts(expert_counts(routing.experts, len(experts)), order.numel())
+    n = len(experts)
+    routing = router_topk(x @ router_weight, k, bias, **route)
+    kept = keep_mask(routing, n, cap, policy, sizes)
+    flat = routing.experts.reshape(-1).masked_fill(~kept.reshape(-1), n)  # dropped: expert n
+    order = torch.argsort(flat, stable=True)  # by expert, then token; the dropped last
+    counts = host_counts(expert_counts(flat, n + 1)[:n], order.numel())
     out = torch.zeros_like(x)
-    kept = torch.ones_like(routing.experts, dtype=torch.bool)
     start = 0
-    for e, n in enumerate(counts):
-        mine = order[start : start + n]  # flat indices token * k + slot, in token order
-        start += n
-        if cap is not None:
-            kept.view(-1)[mine[cap:]] = False
-            mine = mine[:cap]
+    for e, count in enumerate(counts):
+        mine = order[start : start + count]  # flat indices token * k + slot, in token order
+        start += count
         tok, slot = mine // k, mine % k
         y = experts.forward_one(e, x[tok])
-        out = out.index_add(0, tok, y * routing.weights[tok, slot].unsqueeze(-1))
+        out = out.index_add(0, tok, (y * routing.weights[tok, slot].unsqueeze(-1)).to(x.dtype))
     return MoEOutput(out, routing, kept)
-
-
-def switch_aux_loss(routing: Routing, n_experts: int, group=None, all_tokens=None):
-    """E * sum_e f_e P_e (Switch Transformer, eq. 4, for top-k: f_e = count_e / (T k)).
-
-    Balanced routing gives 1; all tokens on one expert with certainty gives E. f_e has no
-    gradient (it counts); P_e carries it to the router. Spread over ranks (group, or
-    all_tokens given), each rank returns its part of the loss over every rank's tokens: f
-    from the all-reduced counts, P from its own tokens over all_tokens; the parts sum to
-    the serial loss, and so do their gradients.
-    """
-    import torch.distributed as tdist
-
-    tokens, k = routing.experts.shape
-    counts = expert_counts(routing.experts, n_experts).to(routing.probs.dtype)
-    total = tokens if all_tokens is None else all_tokens
-    if group is not None or all_tokens is not None:
-        tdist.all_reduce(counts, group=group)
-    f = counts / (total * k)
-    return n_experts * (f * routing.probs.sum(0) / total).sum()
-
-
-def update_bias(bias: torch.Tensor, counts: torch.Tensor, rate: float) -> torch.Tensor:
-    """DeepSeek-V3's auxiliary-loss-free balancing, one step: b_e - rate for an expert above
-    the mean load, + rate below it (the sign of the error; section 2.1.2 of the paper)."""
-    load = counts.to(bias.dtype)
-    return bias + rate * torch.sign(load.mean() - load)
 
 
 def moe_counts(dim: int, hidden: int, n_experts: int, k: int, shared: int = 0,
