@@ -96,8 +96,9 @@ LINKS = [
      "measured": "none found for L40S; on a PCIe 4.0 node NCCL's own topology search rated the "
      "path 24 GB/s (NCCL_DEBUG=INFO, NVIDIA/nccl-tests#307)"},
     {"link": "PCIe 5.0 x16", "sites": "none of the three (for comparison)", "spec_GBps": 63,
-     "busbw_GBps": 28, "measured": "28 GB/s on 8 RTX 5090 over PCIe 5.0, 35 on 4 (NVIDIA/nccl#1639: on PCIe "
-     "the CPU and memory set the limit)"},
+     "busbw_GBps": 28, "measured": "28 GB/s on 8 GeForce RTX 5090 over PCIe 5.0, 35 on 4 (NVIDIA/nccl#1639), "
+     "without peer-to-peer (GeForce drivers do not enable it): staged through host memory, where "
+     "the CPU and memory set the limit; no figure for data-center GPUs with P2P over PCIe"},
     {"link": "NVLink 3, 4 A100 in a direct mesh (no NVSwitch)",
      "sites": "Perlmutter (4 A100 SXM4 40 GB per node: 4 links, 100 GB/s, to each peer)",
      "spec_GBps": 300, "busbw_GBps": None, "measured": "none found: the nccl-tests job below"},
