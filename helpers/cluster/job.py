@@ -73,7 +73,7 @@ class Job(Following):
     # reports the job as "needs N GPUs" on a node with fewer, without starting it
     min_gpus: int = 0
     job_id: str | None = field(default=None, init=False)
-    run_dir: Path | None = field(default=None, init=False)
+    _run_dir: Path | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
         check_job_name(self.name)
@@ -98,7 +98,7 @@ class Job(Following):
         self._state = "NOT_SUBMITTED"
         rec = self._load_record()
         if rec:  # this exact job was written (and maybe submitted) before: re-attach
-            self.run_dir = Path(rec["run_dir"])
+            self._run_dir = Path(rec["run_dir"])
             self.job_id = rec.get("job_id")
             self._state = rec.get("state", "UNKNOWN") if self.job_id else "NOT_SUBMITTED"
 
@@ -138,7 +138,7 @@ class Job(Following):
             **self._load_record(),
             "name": self.name,
             "profile": self.profile,
-            "run_dir": str(self.run_dir),
+            "run_dir": str(self._run_dir),
             "job_id": self.job_id,
             "state": self._state,
             **extra,
@@ -150,14 +150,27 @@ class Job(Following):
         tmp.replace(p)
 
     @property
+    def run_dir(self) -> Path:
+        """The job's run directory (program.py, job.sh, command.txt), written on first use: a
+        notebook that prints it before ``text()`` prints the path, not None."""
+        if self._run_dir is None:
+            self.write()
+        return self._run_dir
+
+    @run_dir.setter
+    def run_dir(self, path: Path | None) -> None:
+        self._run_dir = path
+
+    @property
     def script(self) -> Path | None:
-        return self.run_dir / "job.sh" if self.run_dir else None
+        """job.sh, or None while the job is not written."""
+        return self._run_dir / "job.sh" if self._run_dir else None
 
     def write(self) -> Path:
         """Write program.py, job.sh and command.txt into a fresh run directory."""
-        if self.run_dir and self.script.is_file():
+        if self._run_dir and self.script.is_file():
             return self.script
-        self.run_dir = new_run_dir(self.name)
+        self._run_dir = new_run_dir(self.name)
         (self.run_dir / "program.py").write_text(self._source)
         for file_name, source in self._modules.items():  # beside program.py: imports work
             (self.run_dir / file_name).write_text(source)
@@ -191,7 +204,7 @@ class Job(Following):
     def local_command(self) -> str:
         """How to run the same program on this machine, without Slurm."""
         n = self.nodes * self.gpus_per_node
-        prog = str(self.run_dir / "program.py") if self.run_dir else str(self.program)
+        prog = str(self._run_dir / "program.py") if self._run_dir else str(self.program)
         if n == 1:
             return shlex.join(["python", prog, *self.args])
         return shlex.join(
@@ -208,7 +221,7 @@ class Job(Following):
             )
             return self.job_id
         if force and self.job_id:
-            self.run_dir, self.job_id = None, None  # a new run directory: never overwrite logs
+            self._run_dir, self.job_id = None, None  # a new run directory: never overwrite logs
         script = self.write()
         ok, why = slurm_available()
         if not ok:
@@ -242,5 +255,5 @@ class Job(Following):
         where = f"job {self.job_id}" if self.job_id else "not submitted"
         return (
             f"Job({self.name!r}, {self.nodes} node(s) x {self.gpus_per_node} GPU(s), "
-            f"profile={self.profile!r}, {where}, {self._state}, run_dir={self.run_dir})"
+            f"profile={self.profile!r}, {where}, {self._state}, run_dir={self._run_dir})"
         )

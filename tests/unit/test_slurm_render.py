@@ -212,7 +212,11 @@ def test_write_only_mode_without_slurm(tmp_path, monkeypatch, capsys):
     assert again.run_dir == job.run_dir and again.key == job.key
     prog.write_text("print('changed')\n")
     changed = Job("wo", prog, nodes=1, gpus_per_node=2)
-    assert changed.key != job.key and changed.run_dir is None
+    assert changed.key != job.key and changed.script is None  # not written yet
+    # Asked for its directory before its text (a notebook's header line), a job writes itself
+    # first: the path printed is the one the job is in, never None (review m1).
+    assert changed.run_dir != job.run_dir and (changed.run_dir / "job.sh").is_file()
+    assert changed.text() == (changed.run_dir / "job.sh").read_text()
     assert os.environ["PATH"] == "/nonexistent"
 
 
