@@ -238,7 +238,9 @@ def run_hybrid(d: Dist, model: nn.Sequential, x: torch.Tensor, y: torch.Tensor, 
     pp outermost, as DeepSpeed's PipeDataParallelTopology and torchtitan's mesh put it:
     consecutive ranks share a node, so the data-parallel all-reduce of a whole stage's
     gradients stays on the fast links inside it, and the smaller point-to-point messages
-    of the pipeline cross between nodes. Each replica pipelines its share of the batch;
+    of the pipeline cross between nodes (Llama 3 lays data parallelism outermost instead,
+    for FSDP's prefetched traffic tolerates the network: notebook 05, section 9). Each
+    replica pipelines its share of the batch;
     the two copies of a stage then average their gradients over "dp", as DDP would.
     """
     from torch.distributed.device_mesh import init_device_mesh
