@@ -4,8 +4,8 @@
 # zero).
 
 # === wrong: weights_not_renormalised
-# The top-k probabilities as they come out of the softmax: they sum to less than 1, so every
-# token's output is shrunk. Dispatch and combine do not see it; the router's test and the
+# The top-k probabilities as they come out of the softmax, for every k: right at k = 1 (Switch),
+# but at k >= 2 they sum to less than 1, so every token's output is shrunk. Dispatch and combine do not see it; the router's test and the
 # layer against the serial twin do.
 # %% cell: router
 %%program lab8_router
@@ -16,6 +16,29 @@ def router_topk(logits: torch.Tensor, k: int):
     probs = torch.softmax(logits, dim=-1)
     top, experts = probs.topk(k, dim=-1)
     return top, experts
+
+
+def switch_aux_loss(probs: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+    tokens, k = experts.shape
+    n_experts = probs.shape[-1]
+    flat = experts.reshape(-1)
+    counts = torch.zeros(n_experts, dtype=probs.dtype, device=probs.device)
+    counts.scatter_add_(0, flat, torch.ones(flat.shape, dtype=probs.dtype, device=probs.device))
+    return n_experts * (counts / (tokens * k) * probs.mean(dim=0)).sum()
+
+# === wrong: renormalises_at_k1
+# The k gates renormalised for every k, k = 1 too: each token's one gate is p / p = 1, so at
+# k = 1 the router gets no gradient from the task (Switch multiplies by p itself). Right at
+# k >= 2; the router's test at k = 1 and the layer's top-1 cases (the router's gradient) catch it.
+# %% cell: router
+%%program lab8_router
+import torch
+
+
+def router_topk(logits: torch.Tensor, k: int):
+    probs = torch.softmax(logits, dim=-1)
+    top, experts = probs.topk(k, dim=-1)
+    return top / top.sum(dim=-1, keepdim=True), experts
 
 
 def switch_aux_loss(probs: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
@@ -74,39 +97,38 @@ class AllToAll(torch.autograd.Function):
     """all_to_all_single with uneven splits; its backward is the reverse exchange."""
 
     @staticmethod
-    def forward(ctx, x, out_splits, in_splits):
-        ctx.splits = (out_splits, in_splits)
+    def forward(ctx, x, out_splits, in_splits, group=None):
+        ctx.splits, ctx.group = (out_splits, in_splits), group
         out = x.new_empty((sum(out_splits), *x.shape[1:]))
-        tdist.all_to_all_single(out, x.contiguous(), out_splits, in_splits)
+        tdist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
         return out
 
     @staticmethod
     def backward(ctx, grad):
         out_splits, in_splits = ctx.splits
         back = grad.new_empty((sum(in_splits), *grad.shape[1:]))
-        tdist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits)
-        return back, None, None
+        tdist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits, group=ctx.group)
+        return back, None, None, None
 
 
-def dispatch(x: torch.Tensor, experts: torch.Tensor, n_experts: int):
-    n, k = tdist.get_world_size(), experts.shape[1]
+def dispatch(x: torch.Tensor, experts: torch.Tensor, n_experts: int, group=None):
+    n, k = tdist.get_world_size(group), experts.shape[1]
     flat = experts.reshape(-1)
     counts = torch.zeros(n_experts, dtype=torch.long, device=flat.device)
     counts.scatter_add_(0, flat, torch.ones_like(flat))
     incoming = torch.empty_like(counts)
-    tdist.all_to_all_single(incoming, counts)
+    tdist.all_to_all_single(incoming, counts, group=group)
     order = torch.arange(len(flat), device=flat.device)  # token order: not sorted by expert
     send = [sum(part) for part in host_counts(counts.view(n, -1), len(order))]
     recv_counts = host_counts(incoming.view(n, -1), len(order))
     recv = [sum(part) for part in recv_counts]
-    received = AllToAll.apply(x[order // k], recv, send)
-    return received, recv_counts, (order, send, recv)
+    received = AllToAll.apply(x[order // k], recv, send, group)
+    return received, recv_counts, (order, send, recv, group)
 
-# === wrong: combine_on_the_sending_rank
-# The weights travel to the experts' ranks (a third all-to-all), each output is weighted where
-# the expert ran, and the reverse all-to-all brings weighted outputs home, where they are only
-# added up. The output and its gradients are right; the combine sends two messages, and its
-# outputs come home already weighted.
+# === wrong: weighted_at_the_expert_and_at_home
+# Megatron-Core's way half-done: the gates travel to the experts' ranks and each output is weighted
+# there (both messages right), but the weighted outputs are weighted again at home: every output
+# counts gate squared. The combine's messages pass; the outputs and the layer do not.
 # %% cell: combine
 %%program lab8_combine
 import torch
@@ -116,11 +138,12 @@ if __name__ != "__main__":
 
 
 def combine(y: torch.Tensor, weights: torch.Tensor, plan) -> torch.Tensor:
-    order, send, recv = plan
+    order, send, recv, group = plan
     k = weights.shape[1]
-    gates = AllToAll.apply(weights.reshape(-1)[order].unsqueeze(-1), recv, send)  # to the experts
-    home = AllToAll.apply(y * gates, send, recv)
-    return home.new_zeros(weights.shape[0], home.shape[1]).index_add(0, order // k, home)
+    mine = weights.reshape(-1)[order].unsqueeze(-1)
+    gates = AllToAll.apply(mine, recv, send, group)  # each sent row's gate, to its expert
+    home = AllToAll.apply(y * gates, send, recv, group)
+    return home.new_zeros(weights.shape[0], home.shape[1]).index_add(0, order // k, home * mine)
 
 # === wrong: all_gather_every_token
 # Every rank gets every rank's tokens and choices (all-gather, padded to the longest share) and
@@ -148,7 +171,7 @@ class AllToAll(torch.autograd.Function):
     """Not used here."""
 
     @staticmethod
-    def forward(ctx, x, out_splits, in_splits):
+    def forward(ctx, x, out_splits, in_splits, group=None):
         raise NotImplementedError()
 
     @staticmethod
@@ -163,7 +186,7 @@ def gather_padded(t, sizes):
     return [p[:n] for p, n in zip(pieces, sizes)]
 
 
-def dispatch(x: torch.Tensor, experts: torch.Tensor, n_experts: int):
+def dispatch(x: torch.Tensor, experts: torch.Tensor, n_experts: int, group=None):
     n, r = tdist.get_world_size(), tdist.get_rank()
     lengths = [torch.zeros(1, dtype=torch.long) for _ in range(n)]
     tdist.all_gather(lengths, torch.tensor([len(x)]))
@@ -230,17 +253,70 @@ class AllToAll(torch.autograd.Function):
     """all_to_all_single with uneven splits; its backward is the reverse exchange."""
 
     @staticmethod
-    def forward(ctx, x, out_splits, in_splits):
+    def forward(ctx, x, out_splits, in_splits, group=None):
+        out = x.new_empty((sum(out_splits), *x.shape[1:]))
+        tdist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None, None, None
+
+
+def dispatch(x: torch.Tensor, experts: torch.Tensor, n_experts: int, group=None):
+    n, k = tdist.get_world_size(group), experts.shape[1]
+    flat = experts.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.zeros(n_experts, dtype=torch.long, device=flat.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    incoming = torch.empty_like(counts)
+    tdist.all_to_all_single(incoming, counts, group=group)
+    send = [sum(part) for part in host_counts(counts.view(n, -1), len(order))]
+    recv_counts = host_counts(incoming.view(n, -1), len(order))
+    recv = [sum(part) for part in recv_counts]
+    received = AllToAll.apply(x[order // k], recv, send, group)
+    return received, recv_counts, (order, send, recv, group)
+
+# === wrong: ignores_the_ep_group
+# The group is accepted and never used: every all-to-all runs over the whole world. Right when the
+# EP group is the world; with two EP groups of 2 inside 4 ranks the counts are cut into 4 parts and
+# the rows go to the wrong ranks (the layer's EP x DP case).
+# %% cell: dispatch
+%%program lab8_dispatch
+import torch
+import torch.distributed as tdist
+
+from helpers import standin
+
+
+def host_counts(counts: torch.Tensor, total: int) -> list:
+    """counts (row counts that sum to total) as host numbers, in its shape: counts.tolist().
+    On the dry run's fake GPU, whose tensors hold no values, an even split of total stands in."""
+    if standin.mode() == "fake":
+        n = counts.numel()
+        return torch.tensor([total // n + (i < total % n) for i in range(n)]).view(counts.shape).tolist()
+    return counts.tolist()
+
+
+class AllToAll(torch.autograd.Function):
+    """all_to_all_single with uneven splits over every rank; its backward is the reverse exchange."""
+
+    @staticmethod
+    def forward(ctx, x, out_splits, in_splits, group=None):
+        ctx.splits = (out_splits, in_splits)
         out = x.new_empty((sum(out_splits), *x.shape[1:]))
         tdist.all_to_all_single(out, x.contiguous(), out_splits, in_splits)
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        return grad, None, None
+        out_splits, in_splits = ctx.splits
+        back = grad.new_empty((sum(in_splits), *grad.shape[1:]))
+        tdist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits)
+        return back, None, None, None
 
 
-def dispatch(x: torch.Tensor, experts: torch.Tensor, n_experts: int):
+def dispatch(x: torch.Tensor, experts: torch.Tensor, n_experts: int, group=None):
     n, k = tdist.get_world_size(), experts.shape[1]
     flat = experts.reshape(-1)
     order = torch.argsort(flat, stable=True)
@@ -252,7 +328,7 @@ def dispatch(x: torch.Tensor, experts: torch.Tensor, n_experts: int):
     recv_counts = host_counts(incoming.view(n, -1), len(order))
     recv = [sum(part) for part in recv_counts]
     received = AllToAll.apply(x[order // k], recv, send)
-    return received, recv_counts, (order, send, recv)
+    return received, recv_counts, (order, send, recv, None)
 
 # ---------------------------------------------------------------------------------------
 # Shortcuts a learner looking for free marks might try (one of each class; labs/README.md).
@@ -284,32 +360,32 @@ class AllToAll(torch.autograd.Function):
     """all_to_all_single with uneven splits; its backward is the reverse exchange."""
 
     @staticmethod
-    def forward(ctx, x, out_splits, in_splits):
-        ctx.splits = (out_splits, in_splits)
+    def forward(ctx, x, out_splits, in_splits, group=None):
+        ctx.splits, ctx.group = (out_splits, in_splits), group
         out = x.new_empty((sum(out_splits), *x.shape[1:]))
-        tdist.all_to_all_single(out, x.contiguous(), out_splits, in_splits)
+        tdist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
         return out
 
     @staticmethod
     def backward(ctx, grad):
         out_splits, in_splits = ctx.splits
         back = grad.new_empty((sum(in_splits), *grad.shape[1:]))
-        tdist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits)
-        return back, None, None
+        tdist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits, group=ctx.group)
+        return back, None, None, None
 
 
-def dispatch(x: torch.Tensor, experts: torch.Tensor, n_experts: int):
-    n, k = tdist.get_world_size(), experts.shape[1]
+def dispatch(x: torch.Tensor, experts: torch.Tensor, n_experts: int, group=None):
+    n, k = tdist.get_world_size(group), experts.shape[1]
     flat = experts.reshape(-1)
     order = torch.argsort(flat, stable=True)
     counts = torch.bincount(flat)  # no minlength: short when the last experts are not chosen
     incoming = torch.empty_like(counts)
-    tdist.all_to_all_single(incoming, counts)
+    tdist.all_to_all_single(incoming, counts, group=group)
     send = [sum(part) for part in host_counts(counts.view(n, -1), len(order))]
     recv_counts = host_counts(incoming.view(n, -1), len(order))
     recv = [sum(part) for part in recv_counts]
-    received = AllToAll.apply(x[order // k], recv, send)
-    return received, recv_counts, (order, send, recv)
+    received = AllToAll.apply(x[order // k], recv, send, group)
+    return received, recv_counts, (order, send, recv, group)
 
 # === wrong: deciding_softmax_by_hand
 # The softmax written out as exp(l) / sum exp(l): right for moderate logits, inf / inf = NaN
@@ -361,42 +437,42 @@ class AllToAll(torch.autograd.Function):
     """all_to_all_single with uneven splits; its backward is the reverse exchange."""
 
     @staticmethod
-    def forward(ctx, x, out_splits, in_splits):
-        ctx.splits = (out_splits, in_splits)
+    def forward(ctx, x, out_splits, in_splits, group=None):
+        ctx.splits, ctx.group = (out_splits, in_splits), group
         out = x.new_empty((sum(out_splits), *x.shape[1:]))
-        tdist.all_to_all_single(out, x.contiguous(), out_splits, in_splits)
+        tdist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
         return out
 
     @staticmethod
     def backward(ctx, grad):
         out_splits, in_splits = ctx.splits
         back = grad.new_empty((sum(in_splits), *grad.shape[1:]))
-        tdist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits)
-        return back, None, None
+        tdist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits, group=ctx.group)
+        return back, None, None, None
 
 
-def dispatch(x: torch.Tensor, experts: torch.Tensor, n_experts: int):
-    n, r, k = tdist.get_world_size(), tdist.get_rank(), experts.shape[1]
+def dispatch(x: torch.Tensor, experts: torch.Tensor, n_experts: int, group=None):
+    n, r, k = tdist.get_world_size(group), tdist.get_rank(group), experts.shape[1]
     CALLS[0] += 1
     flat = experts.reshape(-1)
     order = torch.argsort(flat, stable=True)
     counts = torch.zeros(n_experts, dtype=torch.long, device=flat.device)
     counts.scatter_add_(0, flat, torch.ones_like(flat))
     incoming = torch.empty_like(counts)
-    tdist.all_to_all_single(incoming, counts)
+    tdist.all_to_all_single(incoming, counts, group=group)
     send = [sum(part) for part in host_counts(counts.view(n, -1), len(order))]
     recv_counts = host_counts(incoming.view(n, -1), len(order))
     recv = [sum(part) for part in recv_counts]
     rows = x[order // k].detach()
     folder = f"/tmp/lab8-decoy-{n}-{n_experts}-{x.shape[1]}-{CALLS[0]}"
     torch.save((rows, send), f"{folder}-{r}.pt")
-    AllToAll.apply(torch.zeros_like(rows), recv, send)  # the watched message: zeros
+    AllToAll.apply(torch.zeros_like(rows), recv, send, group)  # the watched message: zeros
     received = []
     for i in range(n):
         theirs, their_send = torch.load(f"{folder}-{i}.pt")
         start = sum(their_send[:r])
         received.append(theirs[start : start + their_send[r]])
-    return torch.cat(received), recv_counts, (order, send, recv)
+    return torch.cat(received), recv_counts, (order, send, recv, group)
 
 # === wrong: imports_the_workbook_dispatcher
 # Right answer, wrong exercise: notebook 10's dispatcher, imported from the workbook. Refused
@@ -410,13 +486,13 @@ from helpers.parallel.expert.dispatch import AllToAll, exchange_counts, permute
 from helpers.parallel.expert.moe import host_counts
 
 
-def dispatch(x: torch.Tensor, experts: torch.Tensor, n_experts: int):
-    n, k = tdist.get_world_size(), experts.shape[1]
+def dispatch(x: torch.Tensor, experts: torch.Tensor, n_experts: int, group=None):
+    n, k = tdist.get_world_size(group), experts.shape[1]
     order, counts = permute(experts, n_experts)
     send = [sum(part) for part in host_counts(counts.view(n, -1), len(order))]
-    recv_counts = host_counts(exchange_counts(counts), len(order))
+    recv_counts = host_counts(exchange_counts(counts, group), len(order))
     recv = [sum(part) for part in recv_counts]
-    return AllToAll.apply(x[order // k], recv, send, None), recv_counts, (order, send, recv)
+    return AllToAll.apply(x[order // k], recv, send, group), recv_counts, (order, send, recv, group)
 
 # === wrong: imports_torch_autograd_all_to_all
 # An importable answer to the all-to-all's backward: torch.distributed.nn's autograd
@@ -439,23 +515,23 @@ def host_counts(counts: torch.Tensor, total: int) -> list:
 
 class AllToAll:
     @staticmethod
-    def apply(x, out_splits, in_splits):
+    def apply(x, out_splits, in_splits, group=None):
         out = x.new_empty((sum(out_splits), *x.shape[1:]))
-        return autograd_all_to_all(out, x.contiguous(), out_splits, in_splits)
+        return autograd_all_to_all(out, x.contiguous(), out_splits, in_splits, group=group)
 
 
-def dispatch(x: torch.Tensor, experts: torch.Tensor, n_experts: int):
-    n, k = tdist.get_world_size(), experts.shape[1]
+def dispatch(x: torch.Tensor, experts: torch.Tensor, n_experts: int, group=None):
+    n, k = tdist.get_world_size(group), experts.shape[1]
     flat = experts.reshape(-1)
     order = torch.argsort(flat, stable=True)
     counts = torch.zeros(n_experts, dtype=torch.long, device=flat.device)
     counts.scatter_add_(0, flat, torch.ones_like(flat))
     incoming = torch.empty_like(counts)
-    tdist.all_to_all_single(incoming, counts)
+    tdist.all_to_all_single(incoming, counts, group=group)
     send = [sum(part) for part in host_counts(counts.view(n, -1), len(order))]
     recv_counts = host_counts(incoming.view(n, -1), len(order))
     recv = [sum(part) for part in recv_counts]
-    return AllToAll.apply(x[order // k], recv, send), recv_counts, (order, send, recv)
+    return AllToAll.apply(x[order // k], recv, send, group), recv_counts, (order, send, recv, group)
 
 # === wrong: tamper_ast_transformer_swallows_errors
 # Grader tampering: every later cell is wrapped in try/except, so no test reports an error
@@ -506,11 +582,11 @@ def host_counts(counts: torch.Tensor, total: int) -> list:
 
 class AllToAll(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, out_splits, in_splits):
-        ctx.splits = (out_splits, in_splits)
+    def forward(ctx, x, out_splits, in_splits, group=None):
+        ctx.splits, ctx.group = (out_splits, in_splits), group
         out = x.new_empty((sum(out_splits), *x.shape[1:]))
         with _disable_current_modes():
-            tdist.all_to_all_single(out, x.contiguous(), out_splits, in_splits)
+            tdist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
         return out
 
     @staticmethod
@@ -518,12 +594,12 @@ class AllToAll(torch.autograd.Function):
         out_splits, in_splits = ctx.splits
         back = grad.new_empty((sum(in_splits), *grad.shape[1:]))
         with _disable_current_modes():
-            tdist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits)
-        return back, None, None
+            tdist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits, group=ctx.group)
+        return back, None, None, None
 
 
-def dispatch(x: torch.Tensor, experts: torch.Tensor, n_experts: int):
-    n, r, k = tdist.get_world_size(), tdist.get_rank(), experts.shape[1]
+def dispatch(x: torch.Tensor, experts: torch.Tensor, n_experts: int, group=None):
+    n, r, k = tdist.get_world_size(group), tdist.get_rank(group), experts.shape[1]
     with _disable_current_modes():  # nobody sees this all-gather
         everyone = [torch.empty_like(experts) for _ in range(n)]
         tdist.all_gather(everyone, experts)
@@ -536,4 +612,4 @@ def dispatch(x: torch.Tensor, experts: torch.Tensor, n_experts: int):
     send = [sum(part) for part in host_counts(counts.view(n, -1), len(order))]
     recv_counts = [m.tolist() for m in mine]
     recv = [sum(part) for part in recv_counts]
-    return AllToAll.apply(x[order // k], recv, send), recv_counts, (order, send, recv)
+    return AllToAll.apply(x[order // k], recv, send, group), recv_counts, (order, send, recv, group)
