@@ -60,7 +60,9 @@ import torch
 def router_topk(logits: torch.Tensor, k: int):
     probs = torch.softmax(logits, dim=-1)
     top, experts = probs.topk(k, dim=-1)
-    return top / top.sum(dim=-1, keepdim=True), experts
+    if k > 1:
+        top = top / top.sum(dim=-1, keepdim=True)
+    return top, experts
 
 
 def switch_aux_loss(probs: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
@@ -399,7 +401,9 @@ def router_topk(logits: torch.Tensor, k: int):
     e = torch.exp(logits)
     probs = e / e.sum(dim=-1, keepdim=True)
     top, experts = probs.topk(k, dim=-1)
-    return top / top.sum(dim=-1, keepdim=True), experts
+    if k > 1:
+        top = top / top.sum(dim=-1, keepdim=True)
+    return top, experts
 
 
 def switch_aux_loss(probs: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
