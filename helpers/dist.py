@@ -152,6 +152,8 @@ def env_from_slurm(environ: dict[str, str] | None = None) -> dict[str, str]:
 
 def _pick_device(local_rank: int, backend: str | None) -> tuple[torch.device, str]:
     check = standin.mode()
+    if not check and backend == "standin":  # asked for by name: spawn(fn, backend="standin")
+        os.environ[standin.MODE_ENV] = check = "strict"
     if check:  # the stand-in GPU: "standin" refuses host tensors, "dryrun" plays one rank
         standin.install()
         return standin.device(), "standin" if check == "strict" else "dryrun"
@@ -168,7 +170,8 @@ def init(
 ) -> Dist:
     """Join the job's process group (or describe a single process) and return a Dist.
 
-    backend: None picks nccl with a visible GPU, gloo otherwise.
+    backend: None picks nccl with a visible GPU, gloo otherwise; "standin" puts this rank on
+    the stand-in GPU, device-strict (as ``$WORKBOOK_DEVICE_CHECK=strict`` does).
     timeout_s: collectives that wait longer than this fail instead of hanging.
     store: a rendezvous store made by the launcher (helpers.launch's pool makes one);
     None: rendezvous at MASTER_ADDR:MASTER_PORT, as torchrun and Slurm jobs do. A dry run

@@ -22,18 +22,30 @@ so a check on CPU ranks must be told to take the GPU's:
   pinned (FSDP2's CPU offload pins its shards once and asks again before each copy), and
   pinning a tensor already on the device fails as on CUDA.
 
+* **generators live on a device**: CUDA refuses a device draw from a host generator
+  (``torch.randn(n, device=gpu, generator=torch.Generator())``: "Expected a 'cuda' device
+  type for generator but found 'cpu'") and a host draw from a device one. The stand-in has
+  no generator of its own, so ``torch.Generator(device=d.device)`` makes a host generator that
+  says it is on the device (``DeviceGenerator``), and the rule is checked on every draw.
+* **no device in a forked process**: a DataLoader worker is forked from the rank; once the
+  rank has used CUDA, the worker cannot ("Cannot re-initialize CUDA in forked subprocess").
+  The stand-in refuses any device operation in a process forked after the rank used its
+  device (``forked_worker`` plays a worker's fetch for a dry-run rank, which runs none).
+
 Autocast's default dtype is CUDA's (float16) already: PrivateUse1's default.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-__all__ = ["take_cuda_paths", "check_as_cuda", "CUBLAS_MESSAGE"]
+__all__ = ["take_cuda_paths", "check_as_cuda", "CUBLAS_MESSAGE", "check_generator", "FORK_MESSAGE",
+           "forked_worker", "check_fork", "device_used", "DeviceGenerator"]  # fmt: skip
 
 _GEMM = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm", "aten::addmv",
          "aten::mv", "aten::dot", "aten::vdot", "aten::_addmm_activation", "aten::addr"}  # fmt: skip
@@ -120,3 +132,130 @@ def check_as_cuda(func, tensors: list) -> None:
                 warnings.warn(CUBLAS_MESSAGE, stacklevel=2)
             else:
                 raise RuntimeError(CUBLAS_MESSAGE)
+
+
+# -- generators ---------------------------------------------------------------------------
+
+_HOST_GENERATOR = torch.Generator
+
+
+class _GeneratorType(type(_HOST_GENERATOR)):
+    """torch.Generator's type, so that isinstance(torch.default_generator, torch.Generator)
+    still holds when torch.Generator is the stand-in's DeviceGenerator."""
+
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, _HOST_GENERATOR)
+
+    def __subclasscheck__(cls, sub):
+        return issubclass(sub, _HOST_GENERATOR)
+
+
+# The dispatcher hands an operation a new handle on a generator, not the object the program
+# made: a stand-in GPU generator is known by its seed instead, whose top 16 bits carry a mark.
+_MARK, _LOW = 0xD5A7 << 48, (1 << 48) - 1
+
+
+def _gpu() -> str:
+    """The stand-in's device type ("gpu"): PrivateUse1, as helpers.standin renamed it."""
+    return torch._C._get_privateuse1_backend_name()
+
+
+def _on_gpu(g) -> bool:
+    return g.initial_seed() >> 48 == _MARK >> 48
+
+
+class DeviceGenerator(_HOST_GENERATOR, metaclass=_GeneratorType):
+    """``torch.Generator(device=...)`` with the stand-in installed: a host generator, which
+    says it is on the stand-in GPU when it was asked for there (it has no generator of its
+    own); its draws are checked as CUDA checks them (``check_generator``). Its seed carries a
+    mark in its top bits (seeds are taken modulo 2**48)."""
+
+    def __new__(cls, device=None):
+        g = _HOST_GENERATOR.__new__(cls)
+        g.on_gpu = device is not None and torch.device(device).type not in ("cpu", "meta")
+        if g.on_gpu:
+            _HOST_GENERATOR.manual_seed(g, _MARK | (_HOST_GENERATOR.initial_seed(g) & _LOW))
+        return g
+
+    def __init__(self, device=None):
+        pass
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(_gpu(), 0) if self.on_gpu else torch.device("cpu")
+
+    def manual_seed(self, seed) -> DeviceGenerator:  # torch's returns a new handle, of its type
+        _HOST_GENERATOR.manual_seed(self, _MARK | (int(seed) & _LOW) if self.on_gpu else seed)
+        return self
+
+    def seed(self) -> int:
+        drawn = _HOST_GENERATOR.seed(self)
+        return self.manual_seed(drawn).initial_seed()
+
+    def initial_seed(self) -> int:
+        seed = _HOST_GENERATOR.initial_seed(self)
+        return seed & _LOW if self.on_gpu else seed
+
+    def set_state(self, state) -> DeviceGenerator:
+        _HOST_GENERATOR.set_state(self, state)
+        return self
+
+
+def check_generator(flat: list, on_gpu: bool) -> None:
+    """A draw on the GPU from a host generator, or on the host from a GPU one, fails as on CUDA."""
+    for g in flat:
+        if isinstance(g, _HOST_GENERATOR):
+            held = _gpu() if _on_gpu(g) else "cpu"
+            wanted = _gpu() if on_gpu else "cpu"
+            if held != wanted:
+                raise RuntimeError(
+                    f"Expected a '{wanted}' device type for generator but found '{held}' (as "
+                    "CUDA says for a 'cuda' draw from a host generator): make the generator "
+                    "where the numbers are drawn, torch.Generator(device=d.device), or draw on "
+                    "the host and move the result, torch.randn(..., generator=g).to(d.device)"
+                )
+
+
+# -- forked processes ----------------------------------------------------------------------
+
+FORK_MESSAGE = (
+    "Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, you "
+    "must use the 'spawn' start method (stand-in GPU: a DataLoader worker is a process forked "
+    "from the rank, and may not touch the GPU once the rank has: build each sample on the "
+    "host in the dataset, and move the batch to d.device in the training loop, with "
+    "DataLoader(..., pin_memory=True) and batch.to(d.device, non_blocking=True))"
+)
+_STATE = {"used": False, "forked": False}  # the device used in this process; a forked child
+
+
+def device_used() -> None:
+    """The process has run an operation on the stand-in GPU (CUDA is initialised)."""
+    _STATE["used"] = True
+
+
+def _after_fork() -> None:
+    _STATE["forked"] = _STATE["used"]
+
+
+def check_fork() -> None:
+    """Refuse a device operation in a process forked after its parent used the device."""
+    if _STATE["forked"]:
+        raise RuntimeError(FORK_MESSAGE)
+
+
+def in_bad_fork() -> bool:
+    return _STATE["forked"]
+
+
+@contextlib.contextmanager
+def forked_worker():
+    """Within the block, device operations fail as in a forked DataLoader worker."""
+    before = _STATE["forked"]
+    _STATE["forked"] = True
+    try:
+        yield
+    finally:
+        _STATE["forked"] = before
+
+
+os.register_at_fork(after_in_child=_after_fork)

@@ -65,8 +65,10 @@ class GpuModule:
     def is_initialized(self):
         return True
 
-    def _is_in_bad_fork(self):
-        return False
+    def _is_in_bad_fork(self):  # a forked DataLoader worker of a rank that used the device
+        from helpers.standin.cuda_rules import in_bad_fork
+
+        return in_bad_fork()
 
     def device_count(self):
         return 1

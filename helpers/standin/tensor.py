@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from helpers.standin.cuda_rules import check_as_cuda
+from helpers.standin.cuda_rules import check_as_cuda, check_fork, check_generator, device_used
 from helpers.standin.functional import FUNCTIONAL, functional
 
 __all__ = ["DEVICE_TYPE", "DeviceTensor", "device", "run", "is_device_tensor", "register_kernels"]
@@ -139,7 +139,12 @@ def run(func, args, kwargs):
         if target is not None
         else any(is_device_tensor(a) for a in flat)
     )
-    if not on_device and not any(is_device_tensor(a) for a in flat):
+    touches = on_device or any(is_device_tensor(a) for a in flat)
+    if touches:
+        check_fork()  # a forked DataLoader worker of a rank that used the device
+        device_used()
+    check_generator(flat, on_device)
+    if not touches:
         # not ours (a meta tensor that torch's Python dispatcher sent here): its own kernel
         with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(PRIVATEUSE1)):
             return func(*args, **kwargs)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import multiprocessing
 import os
 import runpy
 import sys
@@ -112,10 +113,24 @@ def _environment(spec: dict) -> None:
         os.environ.pop(key, None)  # the job's own ranks, not the Slurm job running the check
 
 
+def _refuse_cuda_comparisons(program: Path, result: dict) -> bool:
+    """A program that compares its device with "cuda" fails before it runs (source_rules)."""
+    from helpers.course.dryrun.source_rules import ADVICE, cuda_comparisons
+
+    found = cuda_comparisons(program)
+    if found:
+        result.update(ok=False, program_line=found[0], error=(
+            f"DeviceTypeCheck: {found[0]} compares the device with 'cuda': {ADVICE}"
+            + (f" (also {'; '.join(found[1:])})" if len(found) > 1 else "")))  # fmt: skip
+    return bool(found)
+
+
 def _run_program(program: Path, tracker, progress, result: dict) -> None:
     """The program as __main__, under the fake rank if there is one; its end in ``result``."""
     from helpers.course.dryrun.fake import StopDryRun
 
+    if _refuse_cuda_comparisons(program, result):
+        return
     start = time.perf_counter()
     try:
         with tracker if tracker is not None else contextlib.nullcontext():
@@ -131,6 +146,21 @@ def _run_program(program: Path, tracker, progress, result: dict) -> None:
         result.update(ok=False, error=f"{type(e).__name__}: {e}"[:2000], **locate(e, program),
                       traceback="".join(traceback.format_tb(e.__traceback__))[-8000:])  # fmt: skip
     result["seconds"] = time.perf_counter() - start
+    from helpers.standin.ordering import end_all
+
+    end_all()  # ranks still waiting for this one's operations: it will post no more
+
+
+def _op_log(result: dict) -> None:
+    """A fake rank's operations on its default group, in order, when it sent messages: the
+    dry run checks them against NCCL's rules for the other ranks (check.py)."""
+    from helpers import standin
+
+    if standin.POINT_TO_POINT[0] and standin.OPS:
+        result["ops"] = [op.__dict__ for op in standin.OPS[0].ops[:_MAX_OPS]]
+
+
+_MAX_OPS = 5000
 
 
 def main(spec_path: str) -> int:
@@ -144,6 +174,8 @@ def main(spec_path: str) -> int:
 
     if spec["mode"] != "gpu":
         standin.install(spec.get("gpu"))
+        # a DataLoader's workers fork from the rank, as under srun on Linux (cuda_rules)
+        multiprocessing.set_start_method("fork", force=True)
     # fake mode logs every shape error it raises; the report carries the error once
     logging.getLogger("torch._subclasses.fake_tensor").setLevel(logging.CRITICAL)
     program = Path(spec["program"]).resolve()
@@ -160,6 +192,8 @@ def main(spec_path: str) -> int:
     _run_program(program, tracker, progress, result)
     result.update(reached=progress.reached, steps=progress.steps,
                   point_to_point=standin.POINT_TO_POINT[0])  # fmt: skip
+    if spec["mode"] == "fake":
+        _op_log(result)
     metrics = Path(os.environ["WORKBOOK_METRICS"])
     if metrics.is_file():  # what rank 0 wrote with helpers.runs.write_metrics
         result["metrics"] = json.loads(metrics.read_text())

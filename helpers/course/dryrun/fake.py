@@ -15,7 +15,8 @@
 * the first time the GPU's bytes pass each of ``gpu_marks`` (the memory of each GPU the
   job may get), the stack is kept: where CUDA would have run out of memory;
 * what CUDA refuses and fake mode's shape functions let through (a bf16 weight meeting an
-  fp32 input) fails as on CUDA (``helpers.standin.cuda_rules``).
+  fp32 input, a device draw from a host generator, the device in a DataLoader worker) fails
+  as on CUDA (``helpers.standin.cuda_rules``).
 
 Attention is costed as a GPU runs it: ``scaled_dot_product_attention`` on the stand-in GPU
 takes the flash kernel (bf16, fp16) or the memory-efficient one (fp32), as CUDA chooses,
@@ -47,7 +48,8 @@ from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
 from helpers.course.dryrun.patches import ORIGINAL_SWAP, patch_for_fake_run
-from helpers.standin.cuda_rules import check_as_cuda
+from helpers.standin import DEVICE_TYPE
+from helpers.standin.cuda_rules import check_as_cuda, check_fork, check_generator
 
 __all__ = ["FakeRank", "StopDryRun", "SMALL", "MILESTONES"]
 
@@ -169,6 +171,11 @@ class FakeRank(TorchDispatchMode):
             return _stand_in(args[0])
         device = kwargs.get("device")
         to_device = device is not None and torch.device(device).type != "cpu"
+        on_gpu = (device is not None and torch.device(device).type == DEVICE_TYPE) or any(
+            t.device.type == DEVICE_TYPE for t in tensors)  # fmt: skip
+        if on_gpu:
+            check_fork()  # a DataLoader worker's fetch (patches.py plays it in this process)
+        check_generator(flat, on_gpu)
         if func._schema.name.startswith("c10d::"):
             # through the "dryrun" process group, not fake mode's stub: the group's Work
             # carries the tensors in its future, which DDP's reducer reads

@@ -2,14 +2,18 @@
 
 Each patch keeps a program going where a rank alone, on tensors without values, cannot do
 what a real rank does: attention as CUDA runs it, tensors made on the host then moved,
-worker processes, object collectives, checkpoints, the shape check DDP makes across ranks.
+worker processes (whose fetch still may not touch the device), object collectives, checkpoints, the shape check DDP makes across ranks.
 ``patch_for_fake_run`` applies them and returns what to put back.
 """
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
+
+from helpers.standin.cuda_rules import forked_worker
 
 __all__ = ["patch_for_fake_run", "ORIGINAL_SWAP"]
 
@@ -73,6 +77,7 @@ def patch_for_fake_run(swap_tensors) -> list:
     from torch._subclasses.fake_tensor import is_fake
 
     tensor, loader_init, to_numpy = torch.tensor, tud.DataLoader.__init__, torch.Tensor.numpy
+    get_iter, single = tud.DataLoader._get_iterator, tud.dataloader._SingleProcessDataLoaderIter
 
     def numpy(self, *, force=False):  # a fake tensor has no values: zeros of its shape and type
         if not is_fake(self):
@@ -88,13 +93,30 @@ def patch_for_fake_run(swap_tensors) -> list:
         return out if device is None or torch.device(device).type == "cpu" else out.to(device)
 
     def loader(self, *args, **kwargs):  # fake batches cannot cross to worker processes
-        kwargs.update(num_workers=0, pin_memory=False)
+        workers = args[5] if len(args) > 5 else kwargs.get("num_workers", 0)
+        if len(args) > 5:  # num_workers given in its place: DataLoader(ds, 8, True, None, None, 2)
+            args = (*args[:5], 0, *args[6:])
+        else:
+            kwargs["num_workers"] = 0
+        kwargs["pin_memory"] = False
         kwargs.pop("prefetch_factor", None), kwargs.pop("persistent_workers", None)
         loader_init(self, *args, **kwargs)
+        self.forked_workers = workers  # fetched as a worker fetches: no device (cuda_rules)
+
+    def next_data(it):  # a loader asked for workers: its fetch runs as in a forked worker
+        index = it._next_index()
+        with forked_worker() if getattr(it, "forked", False) else contextlib.nullcontext():
+            return it._dataset_fetcher.fetch(index)
+
+    def get_iterator(self):
+        it = get_iter(self)
+        it.forked = bool(getattr(self, "forked_workers", 0))
+        return it
 
     patches = [(torch.utils, "swap_tensors", swap_tensors), (torch, "tensor", tensor_on_device),
                (torch.Tensor, "numpy", numpy),
-               (tud.DataLoader, "__init__", loader), *_alone_patches(tdist),
+               (tud.DataLoader, "__init__", loader), (tud.DataLoader, "_get_iterator", get_iterator),
+               (single, "_next_data", next_data), *_alone_patches(tdist),
                # DDP compares every rank's parameter shapes by reading gathered bytes, which a
                # rank alone cannot fake; the device-strict run checks it on real ranks
                (tdist, "_verify_params_across_processes", lambda *a, **k: None),

@@ -20,8 +20,15 @@ Ring all-reduce (seed 002) on N ranks = reduce-scatter, then all-gather::
 Every step moves n/N bytes on every link at once; 2(N-1) steps in all, which is
 the cost model of ``helpers.parallel.collectives.costmodel``.
 
-In each step a rank posts its send (isend) and then receives, so the send to
-the right and the receive from the left overlap, as the cost model assumes.
+In each step a rank posts its send to the right and its receive from the left as ONE
+batch (``batch_isend_irecv``), so they run together, as the cost model assumes. Two
+separate calls would hang on GPUs: NCCL runs the operations between two ranks in the order
+each side posted them, and a send completes only when the matching receive runs; on 2
+ranks (right == left) an ``isend`` then a ``recv`` on both ranks queues each receive behind
+its own rank's send, which waits for the other's receive. Gloo buffers the send, so on
+CPU ranks both pass (notebook 02 shows the hang on the stand-in GPU, ``helpers.standin``).
+The parameter server and the ping-pong pair each send with the receive the peer has
+already posted (one side sends while the other receives), which NCCL completes.
 """
 
 from __future__ import annotations
@@ -66,18 +73,17 @@ def _flat(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _exchange(send: torch.Tensor, dst: int, recv: torch.Tensor, src: int) -> None:
-    """Send one chunk to ``dst`` while receiving one from ``src``.
+    """Send one chunk to ``dst`` while receiving one from ``src``: ONE batch, then wait.
 
-    The send is posted first without waiting (isend), then the receive: if
-    every rank did a blocking send first, a large message could block each
-    sender until its neighbour receives, while that neighbour is itself stuck
-    sending, and the ring would deadlock. Both ends compute chunk sizes from
-    the same numel, so they agree on which chunks are empty and skip them.
+    A batch posts both together, and NCCL runs them together, in any order; posted as two
+    calls (``isend``, then ``recv``) they hang on 2 GPUs, where ``dst == src``: each rank's
+    receive waits behind its own send, which waits for the other rank's receive (module
+    docstring). Both ends compute chunk sizes from the same numel, so they agree on which
+    chunks are empty and leave them out.
     """
-    req = tdist.isend(send, dst) if send.numel() else None
-    if recv.numel():
-        tdist.recv(recv, src)
-    if req is not None:
+    ops = [tdist.P2POp(tdist.isend, send, dst)] if send.numel() else []
+    ops += [tdist.P2POp(tdist.irecv, recv, src)] if recv.numel() else []
+    for req in tdist.batch_isend_irecv(ops) if ops else []:
         req.wait()
 
 
