@@ -29,21 +29,43 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from helpers import launch
 from helpers.config import parse
+from helpers.parallel.collectives import published_comm
 from helpers.parallel.tensor import tp_inference as TI
 from helpers.viz.common import machine_label
 
-# Links, per GPU and direction, as the all-reduce of a TP group sees them. NVLink: NCCL's
-# all-reduce bus bandwidth on A100 SXM, about 230 GB/s out of a 300 GB/s line rate (12 NVLink 3
-# links of 25 GB/s; NCCL developer S. Jeaugey, NVIDIA/nccl-tests issue 149); Perlmutter's
-# 4 A100 have 4 links to each of their 3 peers, the same 12. Network: one 200 Gb/s port per
-# GPU (HDR InfiniBand; Perlmutter's Slingshot-11 NICs), line rate. PCIe 4.0 x16: Engaging's
-# L40S nodes, which have no NVLink, line rate. NOT in the course seeds, which only say
-# "fast NVLinks within a node, Infiniband across nodes".
-LINKS = {
-    "NVLink 3 (A100), all-reduce bus bw": 230e9,
-    "PCIe 4.0 x16 (L40S: no NVLink)": 32e9,
-    "network, 200 Gb/s per GPU": 25e9,
+# Links, per GPU and direction, as the all-reduce of a TP group sees them, on the sites' GPU
+# nodes. Every figure is a row of notebook 02's table (helpers.parallel.collectives.
+# published_comm.LINKS, with its sources): the published all-reduce bus bandwidth where one
+# exists (NCCL on 8 A100 through NVSwitch: Jean Zay's A100 nodes), otherwise the link's line
+# rate, which bounds a transfer's time from below only. The sites' 4-GPU nodes join their GPUs
+# directly, without an NVSwitch (Perlmutter's A100: 4 NVLink 3 links to each of 3 peers; Jean
+# Zay's H100: 6 NVLink 4 links to each), and no all-reduce figure has been published for such a
+# mesh; Engaging's 4 H200 per node are not described publicly (`nvidia-smi topo -m` says how
+# they are joined: if by NVLink 4, the H100 row applies). Engaging's L40S nodes have no NVLink:
+# PCIe 4.0 x16. Between nodes: one 200 Gb/s port per GPU (HDR InfiniBand; Perlmutter's
+# Slingshot-11 NICs), line rate. The 8-GPU NVSwitch H100/H200 figures (367 GB/s ring, 482 with
+# NVLink SHARP) belong to no site's nodes and are left out. The seeds give no link speeds
+# ("fast NVLinks within a node, Infiniband across nodes").
+_SITE_LINKS = {  # label: the row of published_comm.LINKS it comes from
+    "NVLink 3 + NVSwitch, 8 A100 (Jean Zay A100)": "NVLink 3 through NVSwitch, 8 A100",
+    "NVLink 3 mesh, 4 A100 (Perlmutter)": "NVLink 3, 4 A100 in a direct mesh (no NVSwitch)",
+    "NVLink 4 mesh, 4 H100 (Jean Zay H100)": "NVLink 4, 4 H100/H200 in a direct mesh (no NVSwitch)",
+    "PCIe 4.0 x16, no NVLink (Engaging L40S)": "PCIe 4.0 x16",
 }
+
+
+def _site_links() -> dict[str, float]:
+    rows = {r["link"]: r for r in published_comm.LINKS}
+    out = {}
+    for label, name in _SITE_LINKS.items():
+        row = rows[name]
+        measured = row["busbw_GBps"] is not None
+        gbps = row["busbw_GBps"] if measured else row["spec_GBps"]
+        out[f"{label}, {'measured' if measured else 'line rate'}"] = gbps * 1e9
+    return out | {"network, 200 Gb/s per GPU": 25e9}
+
+
+LINKS = _site_links()  # {label (ends with "measured" or "line rate" for NVLink/PCIe): bytes/s}
 
 
 _NAMES = {  # dispatcher operator -> (collective, how to find the full tensor's bytes)
@@ -174,4 +196,4 @@ def main(argv: list[str] | None = None) -> None:
                   f"{'-' if dp is None else f'{dp:,.0f}':>12} {dp_sent_model(n_params, world):>10,.0f}")  # fmt: skip
     print("Volumes do not depend on the hardware. Time does: divide by the link's bandwidth,")
     for name, bw in LINKS.items():
-        print(f"  {name}: {bw / 1e9:.0f} GB/s per GPU and direction (see LINKS for sources)")
+        print(f"  {name}: {bw / 1e9:.0f} GB/s per GPU and direction (LINKS says where from)")
