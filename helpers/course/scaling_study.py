@@ -2,7 +2,8 @@
 
 Runs helpers.programs.train_ddp's ``train`` on every rank through
 helpers.launch.spawn, with the machine's threads shared between ranks, and
-returns one row per (mode, ranks). The arithmetic (speedup, efficiency) is
+returns one row per (mode, ranks), with the ranks' ``readings`` (helpers.launch.cores:
+the cores they had and wanted while they trained). The arithmetic (speedup, efficiency) is
 helpers.parallel.data.scaling; ``python -m helpers.course.bench ddp`` prints it.
 """
 
@@ -56,6 +57,7 @@ def run_study(cfg: StudyConfig) -> list[dict]:
     import os
 
     from helpers import launch
+    from helpers.launch import cores
     from helpers.programs.train_ddp import DDPConfig
 
     modes = [m.strip() for m in cfg.modes.split(",") if m.strip()]
@@ -85,12 +87,15 @@ def run_study(cfg: StudyConfig) -> list[dict]:
         ]
         # Throughput does not depend on pixel values, so the offline stand-in is
         # used even where the real dataset exists.
-        results = launch.spawn(train_each, world_size=n, args=(runs,), threads=threads,
-                               timeout=cfg.timeout)[0]  # fmt: skip
+        # cores.clocked: each rank also reports what its threads did (CPU, waiting for a core),
+        # so a reader can tell whether the ranks had the cores the study gives them
+        out = launch.spawn(cores.clocked(train_each), world_size=n, args=(runs,), threads=threads,
+                           timeout=cfg.timeout)  # fmt: skip
+        results, readings = out[0][0], [reading for _, reading in out]
         for mode, b, m in zip(modes, batches, results, strict=True):
             rows.append({
                 "mode": mode, "ranks": n, "threads": threads, "local_batch": b,
                 "global_batch": b * n, "samples_per_s": m["samples_per_s"],
-                "oversubscribed": n * threads > total,
+                "oversubscribed": n * threads > total, "readings": readings,
             })  # fmt: skip
     return sorted(rows, key=lambda r: (r["mode"] != "weak", r["ranks"]))

@@ -159,7 +159,7 @@ class Premise:
         how = "CPU + waiting for a core" if self.measured else "assumed: this OS does not say"
         text = (
             f"{self.ranks} rank{'s' * (self.ranks != 1)} had {self.had:.2f} of the {self.could_use:.2f} cores "
-            f"they could use ({self.wanted:.2f} wanted, {how}; {self.cores} cores here)"
+            f"{'they' if self.ranks != 1 else 'it'} could use ({self.wanted:.2f} wanted, {how}; {self.cores} cores here)"
         )
         return text + "".join(f"; but not {what}" for ok, what in self.extra if not ok)
 

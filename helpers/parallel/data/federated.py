@@ -8,11 +8,12 @@ many samples each client holds (McMahan et al., 2017)::
 
     w  <-  sum_k n_k * w_k / sum_k n_k
 
-Here every rank is one client and the "server" is an all-reduce: each rank
-scales its flattened weights by n_k / n, and one all-reduce (sum) of that vector
-leaves the weighted average on every rank. One round therefore sends exactly the
-bytes of one DDP gradient all-reduce of the same model, which is how the
-notebook compares the two "at equal communication". Floating-point buffers
+Here every rank is one client and the "server" is two all-reduces: one of the
+sample counts (8 bytes), so that every rank knows n, then, after each rank has
+scaled its flattened weights by n_k / n, one of that vector, which leaves the
+weighted average on every rank. One round therefore sends the bytes of one DDP
+gradient all-reduce of the same model, plus 8, which is how the notebook compares
+the two "at equal communication" (model-sized all-reduces; the count is counted apart). Floating-point buffers
 (BatchNorm's running mean and variance) are averaged with the weights: averaging
 gradients never touches them, averaging models must (FedBN keeps them local on
 purpose, for clients whose features differ).
@@ -74,8 +75,9 @@ def split_clients(labels: torch.Tensor, n_clients: int, scheme: str = "iid", see
 def weighted_average(d: Dist, model: nn.Module, n_samples: int) -> int:
     """Replace the model's weights (and float buffers) by their sample-weighted average over ranks.
 
-    One all-reduce of the flattened weights (the server's job), so one round
-    costs the same bytes as one DDP gradient all-reduce. Returns sum_k n_k.
+    Two all-reduces (the server's job): first the sample count, one float64 (8 bytes), so
+    that every rank knows n = sum_k n_k; then the flattened weights scaled by n_k / n, the
+    bytes of one DDP gradient all-reduce. Returns sum_k n_k.
     """
     state = [*model.parameters(), *(b for b in model.buffers() if b.is_floating_point())]
     flat = parameters_to_vector(state)  # (P,) a copy of this client's weights and statistics
