@@ -62,7 +62,7 @@ class Op:
 
 def describe(op: Op) -> str:
     """rank 0's isend to 1 (program.py:8: ...)"""
-    where = f" ({op.at})" if op.at else f" (its operation #{op.index + 1})"
+    where = f" ({op.at})" if op.at else f" (its message #{op.index + 1})"
     if op.kind == "coll":
         return f"rank {op.rank}'s {op.name}{where}"
     way = "to" if op.kind == "send" else "from"

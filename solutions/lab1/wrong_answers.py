@@ -74,14 +74,13 @@ def ring_all_reduce_(d, tensor: torch.Tensor) -> None:
     # tensor to every other rank (an all-to-all), (N - 1) x n elements per rank.
     n, r = d.world_size, d.rank
     mine = tensor.clone()
-    reqs = [tdist.isend(mine, peer) for peer in range(n) if peer != r]
-    for peer in range(n):
-        if peer != r:
-            incoming = torch.empty_like(tensor)
-            tdist.recv(incoming, peer)
-            tensor.add_(incoming)
-    for req in reqs:
+    incoming = {peer: torch.empty_like(tensor) for peer in range(n) if peer != r}
+    ops = [tdist.P2POp(tdist.isend, mine, peer) for peer in incoming]
+    ops += [tdist.P2POp(tdist.irecv, buf, peer) for peer, buf in incoming.items()]
+    for req in tdist.batch_isend_irecv(ops):
         req.wait()
+    for buf in incoming.values():
+        tensor.add_(buf)
 
 # === wrong: whole_tensor_round_the_ring
 # %% cell: ring_all_reduce
@@ -97,9 +96,10 @@ def ring_all_reduce_(d, tensor: torch.Tensor) -> None:
     passing = tensor.clone()  # the contribution now travelling round the ring
     for _ in range(n - 1):
         incoming = torch.empty_like(passing)
-        req = tdist.isend(passing, (r + 1) % n)
-        tdist.recv(incoming, (r - 1) % n)
-        req.wait()
+        ops = [tdist.P2POp(tdist.isend, passing, (r + 1) % n),
+               tdist.P2POp(tdist.irecv, incoming, (r - 1) % n)]
+        for req in tdist.batch_isend_irecv(ops):
+            req.wait()
         tensor.add_(incoming)
         passing = incoming
 
@@ -118,9 +118,40 @@ def ring_all_reduce_(d, tensor: torch.Tensor) -> None:
     chunks = tensor.view(-1).chunk(n)
 
     def exchange(send_buf, recv_buf):
-        req = tdist.isend(send_buf, right)
-        tdist.recv(recv_buf, left)
-        req.wait()
+        ops = [tdist.P2POp(tdist.isend, send_buf, right), tdist.P2POp(tdist.irecv, recv_buf, left)]
+        for req in tdist.batch_isend_irecv(ops):
+            req.wait()
+
+    for s in range(n - 1):  # reduce-scatter
+        incoming = torch.empty_like(chunks[(r - s - 1) % n])
+        exchange(chunks[(r - s) % n], incoming)
+        chunks[(r - s - 1) % n].add_(incoming)
+    for s in range(n - 1):  # all-gather
+        exchange(chunks[(r + 1 - s) % n], chunks[(r - s) % n])
+
+# === wrong: isend_then_recv_hangs_on_two_gpus
+# %% cell: ring_all_reduce
+%%program lab1_ring
+import torch
+import torch.distributed as tdist
+
+
+def ring_all_reduce_(d, tensor: torch.Tensor) -> None:
+    # The right ring, posted as two calls: isend to the right, then a blocking recv from the
+    # left (this lab's solution before issue 39). Gloo lets it pass on every number of ranks;
+    # on 2 GPUs, where right == left, NCCL queues each rank's recv behind its own send, which
+    # waits for the other rank's recv: a hang. The 2-rank tests refuse it with NCCL's rule,
+    # the 3- and 4-rank ones pass it.
+    n, r = d.world_size, d.rank
+    right, left = (r + 1) % n, (r - 1) % n
+    chunks = torch.tensor_split(tensor.view(-1), n)
+
+    def exchange(send_buf, recv_buf):
+        req = tdist.isend(send_buf, right) if send_buf.numel() else None
+        if recv_buf.numel():
+            tdist.recv(recv_buf, left)
+        if req is not None:
+            req.wait()
 
     for s in range(n - 1):  # reduce-scatter
         incoming = torch.empty_like(chunks[(r - s - 1) % n])
@@ -177,10 +208,9 @@ def ring_all_reduce_(d, tensor: torch.Tensor) -> None:
     chunks = torch.tensor_split(torch.zeros_like(tensor).view(-1), n)
     for s in range(2 * (n - 1)):  # the ring's pattern, carrying nothing
         out, into = chunks[(r - s) % n], torch.empty_like(chunks[(r - s - 1) % n])
-        req = tdist.isend(out, right) if out.numel() else None
-        if into.numel():
-            tdist.recv(into, left)
-        if req is not None:
+        ops = [tdist.P2POp(tdist.isend, out, right)] if out.numel() else []
+        ops += [tdist.P2POp(tdist.irecv, into, left)] if into.numel() else []
+        for req in tdist.batch_isend_irecv(ops) if ops else []:
             req.wait()
     total = sum(torch.load(f"/tmp/lab1-decoy-{k}-{tensor.numel()}.pt") for k in range(n))
     tensor.copy_(total)

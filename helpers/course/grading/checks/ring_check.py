@@ -3,6 +3,13 @@
 ``ring_problems`` reads one rank's ``Traffic`` (helpers.course.grading.recorder.traffic) and says,
 in words a learner can act on, why it is not a ring: messages to or from the
 wrong neighbour, too many elements sent, or too few received.
+
+``nccl_order_problems`` reads every rank's, in the order each posted its messages, and says
+whether NCCL could run them (``helpers.standin.nccl_order``): on GPUs the messages between
+two ranks run in the order each side posted them and a send completes only when the
+matching receive runs, so on 2 ranks an ``isend`` then a ``recv`` on both ranks hangs,
+while gloo, under the tests, lets it pass. Every NCCL-safe ring passes: a
+``batch_isend_irecv`` per step, or sends and receives ordered by rank parity.
 """
 
 from __future__ import annotations
@@ -10,8 +17,9 @@ from __future__ import annotations
 import math
 
 from helpers.course.grading.recorder.traffic import Traffic
+from helpers.standin.nccl_order import Op, p2p_problems
 
-__all__ = ["ring_problems", "ring_send_bound"]
+__all__ = ["ring_problems", "ring_send_bound", "nccl_order_problems"]
 
 
 def ring_send_bound(numel: int, world_size: int) -> int:
@@ -62,3 +70,39 @@ def ring_problems(
             "the sum must arrive through recv/irecv"
         )
     return problems
+
+
+def _batches(traffic: Traffic) -> list[int | None]:
+    """Each message's batch: its batch_isend_irecv's number where the recording has them;
+    where it has none, isends and irecvs posted back to back (a send and a receive at least,
+    no blocking call between them) are taken as one batch."""
+    marks = [getattr(m, "batch", None) for m in traffic.messages]
+    if any(hasattr(m, "batch") for m in traffic.messages):
+        return marks
+    run: list[int] = []
+    for i, m in enumerate([*traffic.messages, None]):
+        if m is not None and m.op in ("isend", "irecv"):
+            run.append(i)
+            continue
+        kinds = {traffic.messages[k].outgoing for k in run}
+        for k in run if len(kinds) == 2 else []:
+            marks[k] = run[0]
+        run = []
+    return marks
+
+
+def _ops(rank: int, traffic: Traffic) -> list[Op]:
+    """A rank's messages as NCCL's model takes them. A blocking send or recv is waited for
+    before the next message is posted; an isend or irecv's wait is not on the wire (the model
+    lets it wait as late as possible)."""
+    ops, after = [], ()
+    for i, (m, batch) in enumerate(zip(traffic.messages, _batches(traffic), strict=True)):
+        ops.append(Op(rank, i, "send" if m.outgoing else "recv", m.peer, batch, m.numel,
+                      name=m.op, after=after))  # fmt: skip
+        after = (i,) if m.op in ("send", "recv") else ()
+    return ops
+
+
+def nccl_order_problems(traffics: list[Traffic]) -> list[str]:
+    """Why NCCL would hang on these messages (one Traffic per rank, index = rank), or []."""
+    return p2p_problems([_ops(rank, t) for rank, t in enumerate(traffics)])
