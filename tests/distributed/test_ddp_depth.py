@@ -80,6 +80,13 @@ def test_split_fit_and_exposed_time_model():
     g = 1 << 20
     alpha, beta = bucket_order.fit_split(g, [(n, n * 1e-4 + g * 2e-9) for n in (1, 4, 16)])
     assert alpha == pytest.approx(1e-4) and beta == pytest.approx(2e-9)
+    # Scattered large-n points (a busy machine): an ordinary least-squares line puts G beta below
+    # zero here; the fit by relative error still reproduces the 1-bucket time (review M1).
+    rows = [(1, 2.75e-3), (4, 3.0e-3), (16, 6.0e-3), (64, 12.0e-3), (256, 80e-3)]
+    alpha, beta = bucket_order.fit_split(g, rows)
+    assert alpha > 0 and beta > 0 and 1 / 1.5 < (alpha + g * beta) / rows[0][1] < 1.5, (alpha, beta)
+    with pytest.raises(ValueError, match="two different bucket counts"):
+        bucket_order.fit_split(g, [(4, 1e-3), (4, 2e-3)])
     # The last bucket is always exposed; others only past the backward window.
     assert bucket_order.exposed_time(g, g, 1e-4, 1e-9, 1.0) == pytest.approx(1e-4 + g * 1e-9)
     assert bucket_order.exposed_time(g, g // 4, 1e-4, 1e-9, 1.0) == pytest.approx(
