@@ -36,6 +36,7 @@ import os
 import random
 import re
 import subprocess
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -229,7 +230,9 @@ def cleanup(failed: bool = False) -> None:
         return
     if not failed:
         gc.collect()
-        tdist.barrier()
+        with warnings.catch_warnings():  # the stand-in GPU's group: "using the device under
+            warnings.filterwarnings("ignore", r"barrier\(\): using the device")  # current context"
+            tdist.barrier()
     tdist.destroy_process_group()
 
 

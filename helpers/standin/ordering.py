@@ -39,8 +39,9 @@ __all__ = ["OpLog", "GroupCheck", "CheckedWork", "WouldHang", "call_site", "end_
 _TORCH = str(Path(torch.__file__).resolve().parent)
 _HERE = str(Path(__file__).resolve().parent)
 _TOP = Path(__file__).resolve().parents[2]  # the checkout holding helpers/
-# the workbook's own plumbing between a program and its process group
-_PLUMBING = tuple(str(_TOP / "helpers" / "course" / "grading" / p) for p in ("recorder", "relay"))
+# the workbook's own plumbing between a program and its process group (and the dry run's)
+_PLUMBING = (*(str(_TOP / "helpers" / "course" / "grading" / p) for p in ("recorder", "relay")),
+             str(_TOP / "helpers" / "course" / "dryrun"))  # fmt: skip
 _LIBRARIES = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")})
 _BATCH = tdist.distributed_c10d.batch_isend_irecv.__code__
 _LIVE: list = []  # the GroupChecks of this process, told when the program ends
@@ -51,7 +52,10 @@ class WouldHang(RuntimeError):
 
 
 def _short(filename: str) -> str:
+    """helpers/x.py for the workbook's files, program.py for others, cell for a notebook's."""
     path = Path(filename)
+    if path.parent.name.startswith("ipykernel_"):
+        return "cell"
     try:
         return str(path.resolve().relative_to(_TOP))
     except ValueError:
