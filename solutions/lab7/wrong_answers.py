@@ -61,7 +61,7 @@ def ring_attention(d, q, k, v, positions, causal=False):
         if step < n - 1:
             shape = (*kv.shape[:-2], len(positions[(src - 1) % n]), kv.shape[-1])
             nxt = torch.empty(shape, dtype=kv.dtype, device=kv.device)
-            reqs = [tdist.isend(kv, right), tdist.irecv(nxt, left)]
+            reqs = tdist.batch_isend_irecv([tdist.P2POp(tdist.isend, kv, right), tdist.P2POp(tdist.irecv, nxt, left)])
         if not causal or src < r:
             out, lse = merge(out, lse, *block_attention(q, kv[0], kv[1]))
         elif src == r:
@@ -94,7 +94,7 @@ def ring_attention(d, q, k, v, positions, causal=False):
     for step in range(1, n):
         src = (r - step) % n
         incoming = torch.empty(*mine.shape[:-2], len(positions[left]), mine.shape[-1], dtype=q.dtype)
-        reqs = [tdist.isend(mine, right), tdist.irecv(incoming, left)]
+        reqs = tdist.batch_isend_irecv([tdist.P2POp(tdist.isend, mine, right), tdist.P2POp(tdist.irecv, incoming, left)])
         for req in reqs:
             req.wait()
         mask = causal_mask(positions[r], positions[left]) if causal else None
@@ -123,7 +123,7 @@ def ring_attention(d, q, k, v, positions, causal=False):
     for step in range(n - 1):
         src = (r - step) % n
         incoming = torch.empty(2, *k.shape[:-2], len(positions[(src - 1) % n]), k.shape[-1], dtype=k.dtype)
-        reqs = [tdist.isend(blank, (r + 1) % n), tdist.irecv(incoming, (r - 1) % n)]
+        reqs = tdist.batch_isend_irecv([tdist.P2POp(tdist.isend, blank, (r + 1) % n), tdist.P2POp(tdist.irecv, incoming, (r - 1) % n)])
         for req in reqs:
             req.wait()
         blank = torch.zeros_like(incoming)
