@@ -36,6 +36,7 @@ ORPHAN = "wb-orphan"  # the name a leftover process gives itself (its comm)
 ATTACKS = textwrap.dedent(
     '''
     import ctypes, os, pickle, socket, subprocess, time
+    import torch
 
     def tried(fn):
         try:
@@ -163,13 +164,83 @@ ATTACKS = textwrap.dedent(
         raise {"value": ValueError, "own": type("OwnError", (Exception,), {})}[kind]("nope")
 
     def kill_everyone(d):
-        os.kill(-1, 9)
+        for pid in (-1, 1, os.getppid()):  # everyone it may signal, then its slot
+            tried(lambda: os.kill(pid, 9))
 
     def spin(d):
         import signal
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         while True:
             pass
+
+    def traces(words):
+        """Where the sandbox shows any of words: variables, command lines, mounts, files."""
+        found = [f"env {k}" for k, v in os.environ.items() if any(w in k + v for w in words)]
+        for pid in [p for p in os.listdir("/proc") if p.isdigit()] + ["self"]:
+            for part in ("environ", "cmdline"):
+                try:
+                    text = open(f"/proc/{pid}/{part}", "rb").read().decode(errors="replace")
+                except OSError:
+                    continue
+                found += [f"/proc/{pid}/{part}: {w}" for w in words if w in text]
+        mounts = open("/proc/self/mountinfo").read()
+        found += [f"mountinfo: {w}" for w in words if w in mounts]
+        return found, sorted(os.listdir("/")), sorted(os.listdir("/etc"))
+
+    def leave_ipc(d):
+        libc = ctypes.CDLL(None, use_errno=True)
+        rt = ctypes.CDLL("librt.so.1", use_errno=True)
+        shm = libc.shmget(0x5EED, 4096, 0o1000 | 0o666)  # IPC_CREAT
+        queue = rt.mq_open(b"/wb-queue", os.O_CREAT | os.O_RDWR, 0o666, None)
+        open("/dev/shm/wb-left", "w").write("x")
+        return [shm >= 0, queue >= 0]
+
+    def find_ipc(d):
+        libc = ctypes.CDLL(None, use_errno=True)
+        rt = ctypes.CDLL("librt.so.1", use_errno=True)
+        return [libc.shmget(0x5EED, 0, 0), rt.mq_open(b"/wb-queue", os.O_RDWR),
+                os.listdir("/dev/shm"), open("/proc/sysvipc/shm").read().splitlines()]
+
+    def limits():
+        import resource
+        got = {k: resource.getrlimit(getattr(resource, "RLIMIT_" + k))[0]
+               for k in ("NPROC", "DATA", "FSIZE", "CORE")}
+        def hog():
+            return len(bytearray(got["DATA"] + (1 << 30)))
+        def bomb():
+            n = 0
+            while n < 10_000:
+                if os.fork() == 0:
+                    time.sleep(60)
+                    os._exit(0)
+                n += 1
+            return n
+        return got, tried(hog), tried(bomb)
+
+    def load_refused(path):
+        import importlib.util
+        def by_name():
+            import helpers.parallel.sharded.zero as z
+            return z.__name__
+        def by_path():
+            spec = importlib.util.spec_from_file_location("z", path)
+            return spec.loader.exec_module(importlib.util.module_from_spec(spec))
+        def compiled():
+            return open(importlib.util.cache_from_source(path), "rb").read(4)
+        listing = os.listdir(os.path.dirname(path))
+        return [tried(by_name), tried(by_path), tried(lambda: open(path).read(4)), tried(compiled),
+                "__pycache__" in listing]
+
+    def styles():
+        import collections
+        import numpy as np
+        Pair = collections.namedtuple("Pair", "a b")
+        return [Pair(1, 2), np.float64(0.5), np.int32(3), np.arange(3), collections.Counter("aab")]
+
+    def big_message(d, numel):
+        import torch.distributed as tdist
+        tdist.all_reduce(torch.zeros(numel))
+
     '''
 )
 
@@ -201,11 +272,33 @@ def course():
     shutil.rmtree(root, ignore_errors=True)
 
 
+CAP = 1 << 22  # the relay's message cap in this file's pool: 4 MiB
+
+
 @pytest.fixture(scope="module")
 def pool(course):
-    with SandboxPool(max_world=2, course_root=course, call_timeout=60) as p:
-        p.start()
-        yield p
+    """The file's pool, started as nbgrader's autograde starts it: with NBGRADER_EXECUTION
+    set in the grader's environment (Validate sets it otherwise: the sandbox must not tell)."""
+    from helpers.course.grading.relay.switch import RelaySwitch
+
+    saved = os.environ.get("NBGRADER_EXECUTION")
+    os.environ["NBGRADER_EXECUTION"] = "autograde"
+    try:
+        with SandboxPool(
+            max_world=2,
+            course_root=course,
+            call_timeout=60,
+            switch=lambda socks: RelaySwitch(socks, max_message=CAP),
+            memory_bytes=3 << 30,
+            processes=64,
+        ) as p:
+            p.start()
+            yield p
+    finally:
+        if saved is None:
+            os.environ.pop("NBGRADER_EXECUTION", None)
+        else:
+            os.environ["NBGRADER_EXECUTION"] = saved
 
 
 def call(pool, name, *args):
@@ -218,9 +311,9 @@ def spawn(pool, name, n, *args, timeout=60):
 
 def test_runs_as_nobody_with_its_two_descriptors(pool):
     uid, gid, pid, cwd, home, fds = call(pool, "who")
-    expected = bwrap.NOBODY if os.geteuid() == 0 else os.geteuid()
-    assert (uid, gid) == (expected, bwrap.NOBODY if os.geteuid() == 0 else os.getegid())
-    assert pid < 100 and cwd == home  # its own PID namespace; the scratch dir is home
+    # nobody inside, whoever grades (root drops to nobody; an instructor's uid is mapped to it)
+    assert (uid, gid) == (bwrap.NOBODY, bwrap.NOBODY)
+    assert pid < 100 and cwd == home == "/scratch"  # its own PID namespace; scratch is home
     # /dev/null, its output and result pipes and its request socket, all to the slot: no
     # file, nothing to the grader or to another sandbox
     assert fds == ["/dev/null", "pipe", "pipe", "pipe", "socket"], fds
@@ -265,10 +358,9 @@ def test_cannot_read_course_secrets(pool, course):
         p for p in [checkout / "solutions/lab1/lab1.ipynb", checkout / ".git/HEAD"] if p.exists()
     ]
     got = call(pool, "read_secrets", [str(p) for p in [*secrets, course / "labs/lab1/lab1.ipynb"]])
-    release = got.pop(str(course / "labs/lab1/lab1.ipynb"))
-    assert release == "ok:the release"  # the course dir is there; only its secrets are not
-    for path, outcome in got.items():
+    for path, outcome in got.items():  # the course directory is not there at all, release included
         assert outcome in ("FileNotFoundError", "PermissionError"), (path, outcome)
+    assert open(course / "labs/lab1/lab1.ipynb").read() == "the release"  # it is, outside
 
 
 def test_no_socket_to_another_rank_or_the_grader(pool):
@@ -362,11 +454,11 @@ def _raise_on_1(d):
     tdist.barrier()
 
 
-def test_a_rank_that_kills_its_sandbox_fails_alone(pool):
-    with pytest.raises(RankFailure, match="sandbox ended"):
-        spawn(pool, "kill_everyone", 1, timeout=30)
-    assert psutil.pid_exists(os.getpid())
-    out = pool.spawn(_sum, 2, learner_source=ATTACKS)  # the slots came back
+def test_a_rank_cannot_end_its_sandbox(pool):
+    before = pool.slots[0].proc.pid
+    assert spawn(pool, "kill_everyone", 1, timeout=30) == [None]  # its slot is init: immune
+    assert psutil.pid_exists(os.getpid()) and pool.slots[0].proc.pid == before
+    out = pool.spawn(_sum, 2, learner_source=ATTACKS)  # the same slots go on
     assert [t.tolist() for t in out] == [[3.0, 3.0]] * 2
 
 
@@ -403,3 +495,86 @@ def test_programs_are_modules_and_a_spinning_rank_is_stopped(pool):
     with pytest.raises(RankFailure, match="timed out after 2 s"):
         spawn(pool, "spin", 2, timeout=2)
     assert [t.tolist() for t in pool.spawn(_sum, 2, learner_source=ATTACKS)] == [[3.0, 3.0]] * 2
+
+
+def test_nothing_of_the_grader_shows_inside(pool, course):
+    """No variable, command line, mount or file tells autograde from Validate, or names the
+    course: the sandbox holds the system, the interpreter and helpers/, nothing else."""
+    words = ["NBGRADER", str(course), str(pool.root), "wb-course"]
+    found, root, etc = call(pool, "traces", words)
+    assert found == [], found
+    assert call(pool, "traces", ["WORKBOOK_SANDBOX"])[0]  # the search finds what is there
+    assert set(root) <= {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "root",
+                         "sbin", "scratch", "sys", "tmp", "usr", *Path(sys.prefix).parts[1:2],
+                         *bwrap.needed_paths()[0].parts[1:2]}, root  # fmt: skip
+    assert "home" not in root and "passwd" not in etc and "shadow" not in etc
+
+
+def test_another_jobs_ipc_is_gone(pool):
+    """SysV shared memory, POSIX queues and /dev/shm of one job are gone for the next job in
+    the same slot (another learner's, in a class)."""
+    assert pool.spawn(LearnerRef("leave_ipc"), 1, learner_source=ATTACKS) == [[True, True]]
+    ((shm, queue, files, segments),) = pool.spawn(LearnerRef("find_ipc"), 1, learner_source=ATTACKS)
+    assert shm == -1 and queue == -1 and files == [] and len(segments) == 1, (shm, queue, files)
+
+
+def test_limits_on_processes_and_memory(pool):
+    got, hog, bomb = call(pool, "limits")
+    assert got == {"NPROC": 64, "DATA": 3 << 30, "FSIZE": 1 << 30, "CORE": 0}, got
+    assert hog == "MemoryError", hog  # more than the data limit: refused at once
+    assert bomb == "BlockingIOError", bomb  # a fork bomb stops at the process limit
+    assert call(pool, "count") >= 1  # the learner slot still serves
+
+
+def test_a_refused_module_is_absent_by_every_route(pool):
+    import helpers.parallel.sharded as sharded
+
+    path = str(Path(sharded.__file__).parent / "zero.py")
+    got = pool.call(
+        "load_refused", path, learner_source=ATTACKS, refused=["helpers.parallel.sharded.zero"]
+    )
+    assert got == ["ModuleNotFoundError", "FileNotFoundError", "FileNotFoundError",
+                   "FileNotFoundError", False], got  # fmt: skip
+    where_allowed = pool.call("load_refused", path, learner_source=ATTACKS)
+    assert [r[:3] for r in where_allowed[:3]] == ["ok:"] * 3, where_allowed  # not vacuous
+
+
+def test_a_value_of_another_type_comes_back_as_its_plain_kind(pool):
+    pair, half, three, array, counter = call(pool, "styles")
+    assert pair == (1, 2) and type(pair) is tuple
+    assert half == 0.5 and type(half) is float and three == 3 and type(three) is int
+    assert torch.equal(array, torch.arange(3)) and counter == {"a": 2, "b": 1}
+
+
+def test_a_message_over_the_cap_fails_cleanly(pool):
+    with pytest.raises(RankFailure, match=r"more than the 4,194,304 bytes the relay carries"):
+        spawn(pool, "big_message", 1, CAP // 4 + 1)
+    assert spawn(pool, "big_message", 1, CAP // 4) == [None]  # at the cap: carried
+
+
+def test_the_relay_never_holds_a_message_announced_over_the_cap():
+    """A rank's frame that claims 2 GiB (written by hand, as learner code in a rank can): the
+    grading process answers with the reason, allocates nothing, and reads on."""
+    import json
+    import resource
+    import struct
+
+    from helpers.course.grading.relay.frames import recv_frame
+    from helpers.course.grading.relay.switch import RelaySwitch
+
+    ours, rank = socket.socketpair()
+    switch = RelaySwitch([ours], max_message=CAP)
+    try:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        head = json.dumps({"t": "sync", "id": 7}).encode()
+        rank.sendall(struct.pack("!II", len(head), (1 << 31) - 1) + head + b"x" * 100_000)
+        rank.settimeout(20)
+        reply, _ = recv_frame(rank)
+        assert reply == {"id": 7, "err": f"relay: a message of {(1 << 31) - 1:,} bytes is more "
+                         "than the 4,194,304 bytes the relay carries at once (the tests never "
+                         "need that much): send smaller tensors"}, reply  # fmt: skip
+        grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+        assert grown < 100_000, f"the grading process grew by {grown} kB"  # not 2 GiB
+    finally:
+        rank.close()
+        switch.close()

@@ -33,9 +33,13 @@ import psutil
 import pytest
 
 from helpers.course.grading import labs
+from helpers.course.grading.grader.cells import _defined_names
+from helpers.course.grading.grader.lab import lab_of
+from helpers.course.grading.grader.magics import python_of
 from helpers.course.grading.grader.preprocessor import shared_pool
 from helpers.course.grading.grader.run import grade
 from helpers.course.grading.lab_policy import nbgrader_meta
+from helpers.course.grading.sandbox.absent import module_files
 
 ROOT = Path(__file__).resolve().parents[2]
 ATTACK = (Path(__file__).parent / "attack_cell.py").read_text()
@@ -80,11 +84,55 @@ def _scores(nb, outputs) -> tuple[int, int]:
     return got, total
 
 
+# The lab's own reference functions: what decides a test, never to be within the learner's
+# reach. Each is defined by a cell its grading.toml keeps in the grader, or imported by the
+# lab from a module it refuses (checked below, so the list cannot go stale).
+REFERENCES = {
+    "lab3": ["simulate"],
+    "lab6": ["reverse_buckets"],
+    "lab7": ["serial_attention", "serial_rows"],
+    "lab8": ["gates", "as_gates", "serial_moe"],
+}
+
+
+def _references(lab: str) -> list[str]:
+    """REFERENCES[lab], each checked to be grader-only or imported from a refused module."""
+    policy = lab_of(ROOT / "solutions" / lab)
+    nb = nbformat.read(ROOT / "solutions" / lab / f"{lab}.ipynb", as_version=4)
+    kept_away = set()
+    for cell in nb.cells:
+        if cell.cell_type != "code" or not nbgrader_meta(cell).get("grade_id"):
+            continue
+        if nbgrader_meta(cell)["grade_id"] in policy.grader_only:
+            kept_away |= _defined_names(cell.source)
+        for node in ast.walk(ast.parse(python_of(cell.source)[2])):
+            if isinstance(node, ast.ImportFrom) and any(
+                (node.module or "").startswith(m) for m in policy.refused
+            ):
+                kept_away |= {a.asname or a.name for a in node.names}
+    names = REFERENCES.get(lab, [])
+    assert set(names) <= kept_away, f"{lab}: {set(names) - kept_away} reach the sandbox"
+    return names
+
+
+def _refused_files(lab: str) -> dict[str, list[str]]:
+    files: dict[str, list[str]] = {}
+    for module, path in module_files(lab_of(ROOT / "solutions" / lab).refused):
+        files.setdefault(module, []).append(path)
+    return files
+
+
 def _attack_submission(lab: str, course: Path):
     """The released lab (stubs) with the attack in its first solution cell."""
     nb = nbformat.read(ROOT / "labs" / lab / f"{lab}.ipynb", as_version=4)
     first = next(c for c in nb.cells if nbgrader_meta(c).get("solution") and c.cell_type == "code")
-    attack = ATTACK.replace("ROOT", repr(str(course))).replace("GRADER_PID", str(os.getpid()))
+    attack = (
+        ATTACK.replace("ROOT", repr(str(course)))
+        .replace("CHECKOUT", repr(str(ROOT)))
+        .replace("GRADER_PID", str(os.getpid()))
+        .replace("REFUSED", repr(_refused_files(lab)))
+        .replace("REFERENCES", repr(_references(lab)))
+    )
     head, sep, body = first.source.partition("\n")
     first.source = (
         f"{head}{sep}{attack}\n{body}" if head.startswith("%%") else f"{attack}\n{first.source}"
@@ -135,7 +183,11 @@ def test_a_submission_that_tries_every_way_out_scores_zero_and_changes_nothing(l
         if o.get("output_type") == "error" and "ATTACK REPORT " in o.get("evalue", "")
     ]
     assert reports, f"{lab}: the attack cell's report did not come back"
+    loaded = reports[0].pop("loaded")
+    assert not [m for m in loaded if m.startswith("helpers.")], f"{lab}: {loaded} in the sandbox"
     for name, got_back in reports[0].items():
+        if any(name.endswith(f" {m}") for m in loaded):
+            continue  # torch's own start-up loaded it: the guard and the messages answer for it
         if name in ("write /tmp", "write cwd"):
             continue  # the sandbox's private /tmp and scratch: writable, and gone after the job
         if name in ("frames", "objects"):  # only what the released lab itself names may be found

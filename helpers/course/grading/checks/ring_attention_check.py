@@ -48,14 +48,19 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from helpers import standin
 from helpers.course.grading.recorder.events import EventLog
 from helpers.course.grading.recorder.traffic import Tamper, Traffic, record_traffic
-from helpers.parallel.context import (
-    allgather_attention,
-    context_layout,
-    fused_ring_attention,
-    online_softmax,
-    ring_attention,
-)
-from helpers.parallel.context.online_softmax import attention, causal_mask
+
+try:
+    from helpers.parallel.context import (
+        allgather_attention,
+        context_layout,
+        fused_ring_attention,
+        online_softmax,
+        ring_attention,
+    )
+    from helpers.parallel.context.online_softmax import attention, causal_mask
+except ImportError:  # a lab 7 rank: its sandbox has none of them, nothing to switch off
+    allgather_attention = context_layout = fused_ring_attention = None
+    online_softmax = ring_attention = attention = causal_mask = None
 
 __all__ = [
     "AnswerRefused",
@@ -70,12 +75,16 @@ __all__ = [
     "watch_ring",
 ]
 
-_ANSWER_MODULES = (
-    online_softmax,
-    context_layout,
-    ring_attention,
-    fused_ring_attention,
-    allgather_attention,
+_ANSWER_MODULES = tuple(
+    m
+    for m in (
+        online_softmax,
+        context_layout,
+        ring_attention,
+        fused_ring_attention,
+        allgather_attention,
+    )
+    if m is not None
 )
 _FUSED_ATTENTION = "_scaled_dot_product"  # aten kernels behind F.scaled_dot_product_attention
 

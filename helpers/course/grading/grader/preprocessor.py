@@ -33,10 +33,39 @@ def shared_pool():
     return _POOL[0]
 
 
+def restore_roles(nb, resources) -> None:
+    """Autograde: each lab cell's role as the gradebook records it, not as the submission says.
+
+    nbgrader's OverwriteCells restores a locked cell's source and lock, but not whether it
+    is graded or a solution: a learner who turned a hidden test's ``grade`` off would have
+    it run as a setup cell, in the sandbox too. Validate has no gradebook (and grades the
+    learner's own copy, on the learner's account): nothing to restore there.
+    """
+    info = resources.get("nbgrader") or {}
+    if not info.get("db_url") or not info.get("notebook"):
+        return
+    from nbgrader.api import Gradebook
+
+    with Gradebook(info["db_url"]) as gb:
+        notebook = gb.find_notebook(info["notebook"], info["assignment"])
+        points = {c.name: c.max_score for c in notebook.grade_cells}
+        solutions = {c.name for c in notebook.solution_cells}
+        locked = {c.name: c.locked for c in notebook.source_cells}
+    for cell in nb.cells:
+        meta = cell.get("metadata", {}).get("nbgrader")
+        if not meta or meta.get("grade_id") not in locked:
+            continue
+        name = meta["grade_id"]
+        meta.update(grade=name in points, solution=name in solutions, locked=locked[name])
+        if name in points:
+            meta["points"] = points[name]
+
+
 class GradeInSandbox(NbGraderPreprocessor):
     """Write every code cell's outputs from the grader's verdict (see the module docstring)."""
 
     def preprocess(self, nb, resources):
+        restore_roles(nb, resources)
         path = Path(resources.get("metadata", {}).get("path") or ".")
         pool = shared_pool()
         try:

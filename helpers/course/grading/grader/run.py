@@ -8,11 +8,13 @@ outputs, exactly as they would from a kernel's.
 
 What runs where:
 
-* in this process: the parameters, the lab's locked cells (imports, setup tools, the
-  reference functions) and every test cell, hidden parts included, in a namespace where
-  each learner name is a ``LearnerRef`` and ``spawn`` starts sandboxed ranks;
+* in this process: the lab's locked cells (imports, setup tools, the reference functions)
+  and every test cell, hidden parts included, in a namespace that holds the parameters'
+  values (read as data, ``grader.parameters``: no learner text runs here), where each
+  learner name is a ``LearnerRef`` and ``spawn`` starts sandboxed ranks;
 * in the sandbox (``pool``): the learner's cells, which the ranks and the learner process
-  load before they run what a test asks of them. Values come back as data.
+  load before they run what a test asks of them, in a sandbox where the modules the lab
+  refuses (its grading.toml) are absent. Values come back as data.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from pathlib import Path
 from nbformat.v4 import new_output
 
 from helpers.course.grading import guard
-from helpers.course.grading.grader.cells import Parts, learner_program, split
+from helpers.course.grading.grader.cells import Parts, is_parameters_cell, learner_program, split
+from helpers.course.grading.grader.lab import lab_of
 from helpers.course.grading.grader.proxies import LearnerRef
 from helpers.launch.spawn import routed
 
@@ -59,6 +62,8 @@ def _refused(nb, directory: Path) -> tuple[dict[int, list], set[int], str | None
     """The guard's plan: errors for refused learner cells, and the verdict for all tests
     when the notebook reaches into the grader."""
     plan = guard.plan(nb, directory)
+    for i in [i for i in plan.refused if is_parameters_cell(nb.cells[i])]:
+        del plan.refused[i]  # data, never run: grader.parameters reads it
     outputs = {}
     for i, refusals in plan.refused.items():
         msg = "\n".join([f"{plan.names[i]} was not run:", *map(str, refusals)])
@@ -77,8 +82,10 @@ def _refused(nb, directory: Path) -> tuple[dict[int, list], set[int], str | None
 
 
 def _namespace(parts: Parts, call) -> dict:
+    """The tests' namespace: the parameters' values (literals, never learner text) and a
+    reference for each learner name."""
     ns: dict = {"__name__": "__grader__", "__builtins__": __builtins__}
-    exec(compile(parts.parameters or "", "<parameters>", "exec"), ns)
+    ns.update(parts.parameters)
     for name in parts.learner_names:
         ns[name] = LearnerRef(name, call)
     return ns
@@ -101,19 +108,30 @@ def grade(
     skips the guard (tests use it to show that the sandbox alone holds); ``seconds``, when
     given, gets each test cell's time by cell index."""
     outputs, skip, whole = _refused(nb, Path(directory)) if guard_first else ({}, set(), None)
-    parts = split(nb, skip)
+    lab = lab_of(Path(directory))
+    parts = split(nb, lab, skip)
+    for index, message in parts.parameter_errors.items():
+        outputs[index] = [_named_error("ParametersRefused", message)]
     if whole is not None:
         for cell in parts.tests:
             outputs[cell.index] = [_named_error("SubmissionRefused", whole)]
         return outputs
-    source, programs = learner_program(parts), parts.programs
+    source, programs, refused = learner_program(parts), parts.programs, tuple(lab.refused)
 
     def call(name, *args, **kwargs):
-        return pool.call(name, *args, learner_source=source, programs=programs, **kwargs)
+        return pool.call(
+            name, *args, learner_source=source, programs=programs, refused=refused, **kwargs
+        )
 
     def ranks(fn, world_size, args, timeout):
         return pool.spawn(
-            fn, world_size, args, learner_source=source, programs=programs, timeout=timeout
+            fn,
+            world_size,
+            args,
+            learner_source=source,
+            programs=programs,
+            refused=refused,
+            timeout=timeout,
         )
 
     try:

@@ -99,7 +99,13 @@ def _raising_code(name: str, exercise: str):
 @contextlib.contextmanager
 def refuse_workbook_collectives(exercise: str) -> Iterator[None]:
     """Make helpers.parallel.collectives.collectives' all-reduces raise, however they were imported."""
-    from helpers.parallel.collectives import collectives
+    try:
+        from helpers.parallel.collectives import collectives
+    except ImportError:  # absent from a lab's sandbox that refuses it: nothing to switch off
+        collectives = None
+    if collectives is None:
+        yield
+        return
 
     saved = []
     for name in _WORKBOOK_COLLECTIVES:

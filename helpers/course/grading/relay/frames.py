@@ -14,11 +14,21 @@ import struct
 
 import torch
 
-__all__ = ["DTYPES", "FrameReader", "as_bytes", "dtype_of", "recv_frame", "send_frame"]
+__all__ = [
+    "DTYPES",
+    "MAX_MESSAGE",
+    "FrameReader",
+    "MessageTooLarge",
+    "as_bytes",
+    "dtype_of",
+    "recv_frame",
+    "send_frame",
+]
 
 HEAD = struct.Struct("!II")  # header length, payload length
 MAX_HEADER = 1 << 20  # a header is a few hundred bytes; more is not a relay frame
 MAX_PAYLOAD = 1 << 31
+MAX_MESSAGE = 256 << 20  # what a rank may send at once: the labs' tests send well under 1 MiB
 DTYPES = {
     name: getattr(torch, name)
     for name in (
@@ -85,23 +95,47 @@ def recv_frame(sock: socket.socket) -> tuple[dict, bytearray] | None:
     return json.loads(header), payload
 
 
+class MessageTooLarge(ValueError):
+    """A rank announced a message larger than the relay carries: nothing was allocated for
+    it, its bytes are read and dropped, and the rank is answered with this message."""
+
+    def __init__(self, header: dict, size: int, cap: int):
+        self.header = header
+        super().__init__(
+            f"a message of {size:,} bytes is more than the {cap:,} bytes the relay carries "
+            "at once (the tests never need that much): send smaller tensors"
+        )
+
+
 class FrameReader:
     """Frames from a socket that may deliver them in pieces (the switch's non-blocking side).
 
     ``feed()`` reads what the socket has and returns the frames completed so far; a frame
-    that is not a JSON dict, or is larger than the limits, raises ValueError.
+    that is not a JSON dict, or is larger than the limits, raises ValueError (a payload
+    over ``max_payload``: MessageTooLarge, after which its bytes are skipped).
     """
 
     CHUNK = 1 << 16
 
-    def __init__(self, sock: socket.socket):
+    def __init__(self, sock: socket.socket, max_payload: int = MAX_PAYLOAD):
         self.sock = sock
         self.buf = bytearray()
         self.big: tuple[dict, bytearray, int] | None = None  # a large payload being filled
         self.closed = False
+        self.max_payload = min(max_payload, MAX_PAYLOAD)
+        self.skip = 0  # bytes of a refused payload still to read and drop
+
+    def _skip(self) -> None:
+        data = self.sock.recv(min(self.skip, self.CHUNK))
+        if not data:
+            self.closed = True
+        self.skip -= len(data)
 
     def feed(self) -> list[tuple[dict, bytearray]]:
         frames: list[tuple[dict, bytearray]] = []
+        if self.skip:
+            self._skip()
+            return frames
         if self.big is not None:
             header, payload, got = self.big
             k = self.sock.recv_into(memoryview(payload)[got:])
@@ -128,6 +162,13 @@ class FrameReader:
             header = json.loads(bytes(self.buf[HEAD.size : HEAD.size + hlen]))
             if not isinstance(header, dict):
                 raise ValueError("a relay header is a JSON object")
+            if plen > self.max_payload:  # drop it as it comes, never hold it
+                if frames:
+                    break  # the frames before it first; it is refused on the next read
+                have = len(self.buf) - HEAD.size - hlen
+                del self.buf[: HEAD.size + hlen + min(have, plen)]
+                self.skip = plen - min(have, plen)
+                raise MessageTooLarge(header, plen, self.max_payload)
             start, end = HEAD.size + hlen, HEAD.size + hlen + plen
             if len(self.buf) >= end:
                 frames.append((header, self.buf[start:end]))

@@ -28,7 +28,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from helpers.course.grading.relay.frames import FrameReader, as_bytes, dtype_of, send_frame
+from helpers.course.grading.relay.frames import (
+    MAX_MESSAGE,
+    FrameReader,
+    MessageTooLarge,
+    as_bytes,
+    dtype_of,
+    send_frame,
+)
 from helpers.course.grading.relay.marks import Marks, refusal
 from helpers.course.grading.relay.ops import Mismatch, Part, answer, parse_part
 
@@ -68,12 +75,17 @@ def _own_note(rank: int, key) -> str:
 class RelaySwitch:
     """Serve the ranks' sockets (one per global rank) until ``close()``."""
 
-    def __init__(self, socks: list[socket.socket], reply_timeout: float = 60.0):
+    def __init__(
+        self,
+        socks: list[socket.socket],
+        reply_timeout: float = 60.0,
+        max_message: int = MAX_MESSAGE,
+    ):
         self.world = len(socks)
         self.ranks = []
         for r, sock in enumerate(socks):
             sock.settimeout(reply_timeout)  # replies block at most this long on a stalled rank
-            self.ranks.append(_Rank(sock, FrameReader(sock), Marks(r)))
+            self.ranks.append(_Rank(sock, FrameReader(sock, max_message), Marks(r)))
         self.errors: list[str] = []  # frames the switch could not make sense of
         self._notes: set[str] = set()  # "rank R: ..." notes the ranks posted (see note())
         self._groups: dict[tuple[str, tuple[int, ...]], _Group] = {}
@@ -101,6 +113,13 @@ class RelaySwitch:
         state = self.ranks[rank]
         try:
             frames = state.reader.feed()
+        except MessageTooLarge as e:  # refused unread: the rank's operation fails with why
+            self.errors.append(f"rank {rank}: {e}")
+            if isinstance(e.header.get("id"), int):
+                self._reply(rank, e.header["id"], err=f"relay: {e}")
+            else:  # a send, which gets no answer: its peers learn why from the hang-up
+                self._hang_up(rank, f"rank {rank}: {e}")
+            return
         except (OSError, ValueError) as e:
             self._hang_up(rank, f"rank {rank} sent what is not a relay frame ({e})")
             return

@@ -155,6 +155,7 @@ def fork(target, *args, requests: bool = False, keep_fds=()) -> Child:
         ours["q"], theirs["q"] = a.detach(), b.detach()
     pid = os.fork()
     if pid == 0:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # the slot (init) ignores it
         os.dup2(theirs.pop("o"), 1)
         os.dup2(theirs.pop("e"), 2)
         _close_all_but({0, 1, 2, *theirs.values(), *keep_fds})

@@ -1,7 +1,7 @@
-"""The grader's end of one sandbox slot: its bwrap process, control socket and scratch dir.
+"""The grader's end of one sandbox slot: its bwrap process, control socket and log.
 
 ``launch`` starts the sandbox (helpers.course.grading.sandbox.bwrap around ``python -m
-helpers.course.grading.sandbox.slot FD``), ``await_ready`` waits until it imported torch,
+helpers.course.grading.sandbox.slot``, its control socket on stdin), ``await_ready`` waits until it imported torch,
 ``send`` writes a frame (and, for a rank, passes its relay socket), ``stop`` ends it: a
 closed control socket makes the slot end its processes and exit, and bwrap's
 ``--die-with-parent`` takes the whole sandbox along if the grader itself dies.
@@ -9,8 +9,6 @@ closed control socket makes the slot end its processes and exit, and bwrap's
 
 from __future__ import annotations
 
-import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -23,17 +21,19 @@ from helpers.course.grading.sandbox import bwrap, wire
 __all__ = ["SLOT_MODULE", "Slot"]
 
 SLOT_MODULE = "helpers.course.grading.sandbox.slot"
+VALUE_BYTES = 1 << 30  # the largest frame a sandbox may send: a value, an output chunk
 
 
 class Slot:
-    """The grader's end of one sandbox slot: its process, control socket and scratch dir."""
+    """The grader's end of one sandbox slot: its process, control socket and log."""
+
+    scratch = Path(bwrap.SCRATCH)  # its working directory, inside (a fresh tmpfs per job)
 
     def __init__(self, index: int, root: Path, hide: Sequence[Path]):
         self.index, self.root, self.hide = index, root, list(hide)
-        self.scratch = root / f"slot{index}"
         self.proc: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
-        self.reader = wire.Reader()
+        self.reader = wire.Reader(VALUE_BYTES)
         self.ready = False
         self.start_s: float | None = None  # seconds from launch to "ready"
 
@@ -42,28 +42,26 @@ class Slot:
 
     def launch(self) -> None:
         self.stop()
-        shutil.rmtree(self.scratch, ignore_errors=True)
-        self.scratch.mkdir(mode=0o700)
-        if os.geteuid() == 0:
-            os.chown(self.scratch, bwrap.NOBODY, bwrap.NOBODY)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        argv = [sys.executable, "-m", SLOT_MODULE, str(theirs.fileno())]
-        cmd = bwrap.command(argv, scratch=self.scratch, hide=self.hide)
+        # its control socket is its stdin: no descriptor number in its command line, which
+        # a learner reads in /proc/1/cmdline (the same in autograde and Validate)
+        argv = [sys.executable, "-m", SLOT_MODULE]
+        cmd = bwrap.command(argv, hide=self.hide)
         log = open(self.root / f"slot{self.index}.log", "wb")  # the slot's own stderr
         self._t0 = time.monotonic()
         try:
             self.proc = subprocess.Popen(
                 cmd,
-                pass_fds=(theirs.fileno(),),
-                stdin=subprocess.DEVNULL,
+                stdin=theirs.fileno(),
                 stdout=log,
                 stderr=log,
+                env=bwrap.launch_environment(),
                 start_new_session=True,
             )
         finally:
             theirs.close()
             log.close()
-        self.sock, self.reader, self.ready = ours, wire.Reader(), False
+        self.sock, self.reader, self.ready = ours, wire.Reader(VALUE_BYTES), False
 
     def await_ready(self, deadline: float) -> None:
         while not self.ready:

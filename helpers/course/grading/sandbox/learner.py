@@ -6,8 +6,9 @@ memory: nothing is written), runs the learner's cells (``source``) as a kernel w
 (``grader.proxies.NAMESPACE``), so a payload unpickled afterwards finds the learner's
 objects.
 
-``as_data(value, who)`` checks that a value is data (tensors, numbers, strings, lists,
-tuples, dicts: what the grader's ``torch.load(weights_only=True)`` accepts) and returns it
+``as_data(value, who)`` turns a value into data (tensors, numbers, strings, lists, tuples,
+dicts: what the grader's ``torch.load(weights_only=True)`` accepts; a NamedTuple, a numpy
+number or array, a dict or list subclass become the plain kind they are) and returns it
 as ``torch.save`` bytes; anything else is refused here, with a message that names it.
 """
 
@@ -91,7 +92,28 @@ def build_namespace(source: str, programs: dict[str, str]) -> dict:
     return ns
 
 
-def _check(value, who: str, path: str, depth: int = 0) -> None:
+def _number(value):
+    """A number of another type as Python's own (numpy's float64, an IntEnum), or None."""
+    import numbers
+
+    item = getattr(value, "item", None)
+    if type(value).__module__ == "numpy" and callable(item) and getattr(value, "ndim", 1) == 0:
+        value = item()  # a numpy scalar: its Python number (or bool)
+    for kind in (bool, int, float, complex):
+        if isinstance(value, kind):
+            return kind(value)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return None
+
+
+def _plain(value, who: str, path: str, depth: int = 0):
+    """``value`` as data the grader's loader reads, converted where the learner's type is a
+    kind of it: a NamedTuple is a tuple, a numpy scalar a number, a numpy array a tensor, a
+    dict or list subclass a dict or list; a Parameter a detached tensor. TypeError, naming
+    where, for anything else."""
     if depth > 50:
         raise TypeError(f"{who} returned data nested more than 50 deep ({path})")
     if isinstance(value, torch.Tensor):
@@ -100,19 +122,31 @@ def _check(value, who: str, path: str, depth: int = 0) -> None:
                 f"{who} returned a {type(value).__name__} at {path}: return plain tensors "
                 "(a DTensor's .full_tensor() or .to_local())"
             )
-        return
+        return value.detach()
     if type(value) in _SCALARS:
-        return
-    if type(value) in (list, tuple):
-        for i, v in enumerate(value):
-            _check(v, who, f"{path}[{i}]", depth + 1)
-        return
-    if type(value) in (dict, OrderedDict):
+        return value
+    if type(value).__module__ == "numpy" and type(value).__name__ == "ndarray":
+        try:
+            return torch.from_numpy(value.copy())
+        except TypeError:
+            raise TypeError(f"{who} returned a numpy array of {value.dtype} at {path}") from None
+    number = _number(value)
+    if number is not None:
+        return number
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, list | tuple):
+        items = [_plain(v, who, f"{path}[{i}]", depth + 1) for i, v in enumerate(value)]
+        return items if isinstance(value, list) else tuple(items)
+    if isinstance(value, dict):
+        out = OrderedDict() if isinstance(value, OrderedDict) else {}
         for k, v in value.items():
-            if type(k) not in (str, int, float, bool, tuple, type(None)):
+            key = _number(k) if _number(k) is not None else k
+            key = str(key) if isinstance(key, str) else key
+            if type(key) not in (str, int, float, bool, tuple, type(None)):
                 raise TypeError(f"{who} returned a dict keyed by {type(k).__name__} at {path}")
-            _check(v, who, f"{path}[{k!r}]", depth + 1)
-        return
+            out[key] = _plain(v, who, f"{path}[{k!r}]", depth + 1)
+        return out
     raise TypeError(
         f"{who} returned a {type(value).__name__} object at {path}: tests return tensors, "
         "numbers, strings, lists, tuples and dicts of them"
@@ -120,22 +154,10 @@ def _check(value, who: str, path: str, depth: int = 0) -> None:
 
 
 def as_data(value, who: str) -> bytes:
-    """``value`` as torch.save bytes, or TypeError when it is not data (see above)."""
-    _check(value, who, "the value")
+    """``value`` as torch.save bytes, or TypeError when it is not data (see ``_plain``)."""
     buf = io.BytesIO()
-    torch.save(_plain(value), buf)
+    torch.save(_plain(value, who, "the value"), buf)
     return buf.getvalue()
-
-
-def _plain(value):
-    """Parameters as plain tensors, detached: the grader's loader knows no Parameter."""
-    if isinstance(value, torch.Tensor):
-        return value.detach()
-    if type(value) in (list, tuple):
-        return type(value)(_plain(v) for v in value)
-    if type(value) in (dict, OrderedDict):
-        return type(value)((k, _plain(v)) for k, v in value.items())
-    return value
 
 
 def error_report(e: BaseException, skip: str) -> dict:

@@ -111,9 +111,15 @@ class SlotOutcome:
         return self.failed and not PEER.search(str(self.result[0].get("traceback", "")))
 
 
+# Built-in exceptions that change control flow where they are raised rather than report a
+# failure: a StopIteration out of a learner call inside map() or next() would end a test's
+# loop early, as if every case had passed. They come back as LearnerError.
+_FLOW = (StopIteration, StopAsyncIteration, GeneratorExit)
+
+
 def _original(header: dict):
     kind = getattr(builtins, str(header.get("type", "")), None)
-    if isinstance(kind, type) and issubclass(kind, Exception):
+    if isinstance(kind, type) and issubclass(kind, Exception) and not issubclass(kind, _FLOW):
         try:
             return kind(header.get("message", ""))
         except Exception:  # noqa: BLE001 - an exception type with another signature

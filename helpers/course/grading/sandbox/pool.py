@@ -14,8 +14,11 @@ sockets: its control socket, and during a job the rank's relay socket, whose oth
 the grader's RelaySwitch (helpers.course.grading.relay), the ranks' only way to each other.
 
 Everything a slot sends is read as data (wire frames, values with torch.load's
-weights_only loader). A job ends with every process it started killed and the slot's
-writable places emptied; a slot that dies or garbles its stream is started again.
+weights_only loader). Each job (and each notebook's learner process) runs in namespaces of
+its own inside its slot (helpers.course.grading.sandbox.jail): its own IPC, fresh /tmp,
+/dev/shm and /scratch, the modules the lab refuses absent (``refused=``), limits on
+processes and memory, no capability. A job ends with every process it started killed; a
+slot that dies or garbles its stream is started again.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from helpers.course.grading.sandbox import bwrap, wire
+from helpers.course.grading.sandbox.absent import module_files, sent_by_value
 from helpers.course.grading.sandbox.endpoint import Slot
 from helpers.course.grading.sandbox.outcome import (
     SAFE_CLASSES,
@@ -51,11 +55,23 @@ from helpers.launch.torchrun import threads_per_rank
 __all__ = ["SandboxPool"]
 
 KILL_GRACE = 5.0  # seconds a slot has to report "done" after "kill" before it is restarted
+PROCESSES = 512  # tasks (threads count) in one sandbox: a fork bomb stops there
+FILE_BYTES = 1 << 30  # the largest file a job may write (its tmpfs are 1 GiB each too)
 
 
-def source_id(learner_source: str, programs: Mapping[str, str]) -> str:
-    text = json.dumps([learner_source, sorted(programs.items())])
+def source_id(learner_source: str, programs: Mapping[str, str], jail: Mapping = {}) -> str:
+    text = json.dumps([learner_source, sorted(programs.items()), jail], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def memory_per_process(slots: int) -> int:
+    """Bytes of data one sandboxed process may hold: half the machine's memory shared by
+    the slots, at least 2 GiB (a rank of the labs holds well under 1 GiB)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        total = 16 << 30
+    return max(2 << 30, total // 2 // max(1, slots))
 
 
 class SandboxPool:
@@ -66,6 +82,8 @@ class SandboxPool:
     runs. ``hide``: more paths to hide. ``safe_classes``: the classes a returned value
     may hold besides data (the recorder's, by default). ``switch``: makes the relay
     switch of a job from its sockets (``relay.switch.RelaySwitch`` by default).
+    ``memory_bytes``: the data one sandboxed process may hold (``memory_per_process``);
+    ``processes``: the tasks one sandbox may run at once (threads count).
     """
 
     def __init__(
@@ -77,12 +95,20 @@ class SandboxPool:
         safe_classes: Sequence[type] = SAFE_CLASSES,
         call_timeout: float = 120.0,
         switch: Callable | None = None,
+        memory_bytes: int | None = None,
+        processes: int = PROCESSES,
     ):
         bwrap.require()
         self.max_world, self.safe, self.call_timeout = max_world, tuple(safe_classes), call_timeout
         self._switch = switch
+        self.limits = {
+            "nproc": processes,
+            "data": memory_bytes or memory_per_process(max_world + 1),
+            "fsize": FILE_BYTES,
+            "core": 0,
+        }
         self.root = Path(tempfile.mkdtemp(prefix="wb-sandbox-"))
-        os.chmod(self.root, 0o711)  # nobody passes through to its scratch dirs, lists nothing
+        os.chmod(self.root, 0o700)  # the slots' logs: the grader's only
         hidden = bwrap.hidden_paths(Path.cwd() if course_root is None else course_root, hide)
         self.slots = [Slot(i, self.root, hidden) for i in range(max_world + 1)]
         self._lock = threading.RLock()
@@ -118,6 +144,11 @@ class SandboxPool:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def jail(self, refused: Sequence[str] = ()) -> dict:
+        """What a job's process makes of its namespaces (sandbox.jail.enter): the files of the
+        modules the lab refuses, to cover, and the limits."""
+        return {"hide": module_files(refused), "limits": dict(self.limits)}
+
     # -- ranks
     def spawn(
         self,
@@ -129,19 +160,22 @@ class SandboxPool:
         programs: Mapping[str, str] | None = None,
         timeout: float = 120,
         group: bool = True,
+        refused: Sequence[str] = (),
     ) -> list:
         """Run ``fn(d, *args)`` on ``world_size`` sandboxed ranks; their values, index = rank.
 
         As helpers.launch.spawn: RankFailure names the failing rank with its traceback,
         printed lines come back prefixed ``[rankN]``, a job over ``timeout`` is stopped.
         ``group=False``: ranks get no process group (a world of separate processes).
+        ``refused``: modules the lab refuses, absent from the ranks' sandboxes.
         """
         import cloudpickle
 
         if not 1 <= world_size <= self.max_world:
             raise ValueError(f"the sandbox pool runs 1 to {self.max_world} ranks, not {world_size}")
         try:
-            payload = cloudpickle.dumps((fn, tuple(args)))
+            with sent_by_value(refused):
+                payload = cloudpickle.dumps((fn, tuple(args)))
         except Exception as e:
             raise TypeError(
                 f"could not send {getattr(fn, '__name__', fn)!r} and its args "
@@ -157,6 +191,7 @@ class SandboxPool:
             "threads": threads_per_rank(world_size),
             # the lab's test asked for the stand-in GPU (helpers.standin, strict): so do the ranks
             "device_check": "strict" if os.environ.get("WORKBOOK_DEVICE_CHECK") == "strict" else "",
+            "jail": self.jail(refused),
         }
         with self._lock:
             self.start()
@@ -172,7 +207,7 @@ class SandboxPool:
         switch, ends = None, [None] * n
         if group:
             pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(n)]
-            switch = self._make_switch([a for a, _ in pairs])
+            switch = self._make_switch([a for a, _ in pairs], slots)
             ends = [b for _, b in pairs]
         try:
             for rank, slot in enumerate(slots):
@@ -191,12 +226,15 @@ class SandboxPool:
                 for a, _ in pairs:
                     a.close()
 
-    def _make_switch(self, socks):
+    def _make_switch(self, socks, slots=()):
         if self._switch is not None:
             return self._switch(socks)
         from helpers.course.grading.relay.switch import RelaySwitch
+        from helpers.course.grading.sandbox.rank_pids import RankPids
 
-        return RelaySwitch(socks)
+        # the ranks' pids, for the memory the switch measures (the ranks cannot name them)
+        pids = RankPids([s.proc.pid if s.proc is not None else -1 for s in slots])
+        return RelaySwitch(socks, pid_of=pids)
 
     # -- the learner process
     def end_learner(self) -> None:
@@ -230,6 +268,7 @@ class SandboxPool:
         *args,
         learner_source: str = "",
         programs: Mapping[str, str] | None = None,
+        refused: Sequence[str] = (),
         **kwargs,
     ):
         """``name(*args, **kwargs)`` in the learner process; its value as data.
@@ -239,18 +278,21 @@ class SandboxPool:
         """
         import cloudpickle
 
-        programs = dict(programs or {})
+        programs, jail = dict(programs or {}), self.jail(refused)
+        with sent_by_value(refused):
+            args_blob = cloudpickle.dumps((args, kwargs))
         blob = pickle.dumps(
             {
-                "args": cloudpickle.dumps((args, kwargs)),
+                "args": args_blob,
                 "learner_source": learner_source,
                 "programs": programs,
+                "jail": jail,
             }
         )
         head = {
             "kind": "call",
             "name": name,
-            "source_id": source_id(learner_source, programs),
+            "source_id": source_id(learner_source, programs, jail),
             "threads": threads_per_rank(1),
         }
         with self._lock:

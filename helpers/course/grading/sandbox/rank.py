@@ -1,6 +1,9 @@
 """Inside a sandbox: the body of a forked rank, and of the learner process for direct calls.
 
-A rank (``run_rank``, forked ahead of its job and waiting in ``wait_for_job``) builds the learner's namespace, unpickles the test's function and
+A rank (``run_rank``, forked ahead of its job and waiting in ``wait_for_job``) first makes
+its own namespaces and drops every capability (``jail.enter``: the lab's refused modules
+absent, fresh /tmp and /scratch, its own IPC), then builds the learner's namespace,
+unpickles the test's function and
 arguments (the grader's ``LearnerRef``s become the learner's objects), joins the relay
 process group on the socket it was given (``relay.backend.connect``: every message goes
 through the grader, which records it), runs ``fn(d, *args)`` and writes its value as data
@@ -16,7 +19,7 @@ from __future__ import annotations
 import os
 import sys
 
-from helpers.course.grading.sandbox import learner, wire
+from helpers.course.grading.sandbox import jail, learner, wire
 
 __all__ = ["run_rank", "serve_calls", "wait_for_job"]
 
@@ -81,6 +84,7 @@ def run_rank(fds: dict[str, int], job: dict, request: dict, relay_fd: int | None
     rank, world = job["rank"], job["world_size"]
     header, blob, status = {}, b"", 1
     try:
+        jail.enter(job.get("jail") or {})  # its own namespaces; no capability from here on
         _become(
             job["threads"],
             {
@@ -163,6 +167,7 @@ def serve_calls(fds: dict[str, int], request: dict, threads: int) -> None:
     """The learner process: build the namespace, then answer calls until the slot closes."""
     built: BaseException | None = None
     try:
+        jail.enter(request.get("jail") or {})  # its own namespaces; no capability from here on
         _become(threads, {})
         learner.build_namespace(request["learner_source"], request["programs"])
     except BaseException as e:  # noqa: BLE001 - every call reports it

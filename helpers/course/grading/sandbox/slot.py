@@ -1,7 +1,7 @@
 """A sandbox slot: a python that imported torch once, inside bwrap, and forks the learner's work.
 
-Started by the grader's SandboxPool as ``python -m helpers.course.grading.sandbox.slot FD``
-inside a sandbox (helpers.course.grading.sandbox.bwrap), FD its control socket. It never
+Started by the grader's SandboxPool as ``python -m helpers.course.grading.sandbox.slot``
+inside a sandbox (helpers.course.grading.sandbox.bwrap), its control socket on stdin. It never
 runs learner code itself: each job is a forked child, so what one notebook's code did to
 a process never reaches the next notebook's. Forking is safe because the slot runs no
 torch operation (no OpenMP pool exists yet), as helpers.launch.zygote explains.
@@ -22,8 +22,10 @@ Control messages (helpers.course.grading.sandbox.wire frames):
                     {"kind": "done", "code": the rank's exit code or null}: every process
                     the job started is gone, and scratch, /tmp and /dev/shm are empty
 
-The slot is its PID namespace's child subreaper and is not dumpable: a rank (same uid)
-can kill it, which ends the sandbox, but cannot ptrace it or read its descriptors.
+The slot is its PID namespace's init (bwrap --as-pid-1) and is not dumpable: a rank (same
+uid, no capability) can neither signal it nor ptrace it nor read its descriptors. It keeps
+CAP_SYS_ADMIN in its own user namespace, for the mounts of each job's namespaces
+(helpers.course.grading.sandbox.jail), which every child drops before any learner code.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import gc
 import importlib
 import os
 import pickle
+import signal
 import socket
 import sys
 
@@ -176,13 +179,16 @@ class Learner:
         self.child = None
 
 
-def serve(ctrl_fd: int) -> None:
-    """The slot's loop: jobs and calls, one at a time, until the grader closes the socket."""
+def serve(stdin: int = 0) -> None:
+    """The slot's loop: jobs and calls, one at a time, until the grader closes the socket
+    (its stdin, moved off fd 0)."""
+    ctrl_fd = os.dup(stdin)
     ctrl = socket.socket(fileno=ctrl_fd)
     os.set_inheritable(ctrl_fd, False)
     libc = ctypes.CDLL(None)
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # init: nothing inside may stop it
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     sys.path[:] = [p for p in sys.path if p not in ("", os.getcwd())]  # scratch is no import root
@@ -208,4 +214,4 @@ def serve(ctrl_fd: int) -> None:
 
 
 if __name__ == "__main__":
-    serve(int(sys.argv[1]))
+    serve()

@@ -1,0 +1,165 @@
+"""The notebook as the grader reads it: the parameters cell as data, learner names in any style.
+
+Fast checks of helpers.course.grading.grader.cells and .parameters (no sandbox, no
+nbgrader run): what a parameters cell may hold and what the grader makes of the rest, the
+names the tests see as the learner's however the learner bound them, what of the lab's own
+cells the sandbox gets, and that each lab's grading.toml holds its parameters cell's values.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook
+
+from helpers.course.grading import labs
+from helpers.course.grading.grader import parameters as params
+from helpers.course.grading.grader.cells import _defined_names, _definitions, learner_program, split
+from helpers.course.grading.grader.lab import Lab, lab_of
+
+ROOT = Path(__file__).resolve().parents[2]
+LAB = Lab(
+    refused={"helpers.parallel.sharded.zero": "lab 2 asks you to write it"},
+    parameters={"SMOKE": False},
+    grader_only=frozenset({"setup_reference"}),
+)
+
+
+def _lab_cell(grade_id: str, source: str, test: bool = False):
+    meta = {"grade_id": grade_id, "locked": True, "grade": test, "solution": False}
+    if test:
+        meta["points"] = 1
+    return new_code_cell(source, metadata={"nbgrader": meta})
+
+
+def _solution(grade_id: str, source: str):
+    meta = {"grade_id": grade_id, "locked": False, "grade": False, "solution": True}
+    return new_code_cell(source, metadata={"nbgrader": meta})
+
+
+def _notebook(parameters: str, answer: str = "def shard_range(n, r, w):\n    return range(0)"):
+    return new_notebook(
+        cells=[
+            new_code_cell(parameters, metadata={"tags": ["parameters"]}),
+            _lab_cell(
+                "imports",
+                "import torch\nfrom helpers.parallel.sharded.zero import ZeroOptimizer\n"
+                "WORLD_SIZE = 2 if SMOKE else 4",
+            ),
+            _lab_cell("setup_reference", "def reference(n):\n    return n"),
+            _solution("answer", answer),
+            _lab_cell("test_answer", "assert shard_range(4, 0, 2) == range(0, 2)", test=True),
+        ]
+    )
+
+
+ATTACKS = {
+    "function": "SMOKE = False\n\ndef shard_range(n, r, w):\n    return reference(n)",
+    "class body": (
+        "import torch\n\nclass Patch:\n"
+        "    run = torch.importlib.import_module('helpers.course.grading.grader.run')\n"
+        "    run._run_cell = lambda code, name, ns: ('', None)"
+    ),
+    "call": "SMOKE = bool(__import__('os').system('true'))",
+    "patch": "import torch\ntorch.equal = lambda *a: True",
+    "other name": "SMOKE = False\nreference = 1",
+    "other type": "SMOKE = 'yes'",
+    "two targets": "SMOKE = HIDDEN = True",
+    "cell magic": "%%bash\necho hi",
+}
+
+
+@pytest.mark.parametrize("name", ATTACKS)
+def test_a_parameters_cell_that_is_not_data_is_refused_and_the_instructors_values_used(name):
+    parts = split(_notebook(ATTACKS[name]), LAB)
+    message = parts.parameter_errors[0]
+    assert "cell 1 was not used" in message and "line " in message, message
+    assert "a parameters cell holds only assignments of literal values to SMOKE" in message
+    assert parts.parameters == {"SMOKE": False}  # the grader's namespace: the instructor's
+    (sandboxed,) = [c for c in parts.learner if c.index == 0]
+    assert sandboxed.source == "SMOKE = False\n"  # the sandbox too: values, not the text
+    assert "Patch" not in parts.learner_names and "reference" not in parts.learner_names
+
+
+def test_a_literal_parameter_is_read_never_run():
+    parts = split(_notebook("# comment\nSMOKE = True  # quick\n%matplotlib inline"), LAB)
+    assert parts.parameter_errors == {} and parts.parameters == {"SMOKE": True}
+    assert [c.source for c in parts.learner if c.index == 0] == ["SMOKE = True\n"]
+    got = params.read("SMOKE: bool = True\n'a note'", {"SMOKE": False, "STEPS": 1.5})
+    assert got.values == {"SMOKE": True} and not got.problems
+    assert params.read("STEPS = 3", {"STEPS": 1.5}).values == {"STEPS": 3}  # an int for a float
+
+
+def test_a_papermill_injected_cell_is_read_as_data_too():
+    nb = _notebook("SMOKE = False")
+    nb.cells.insert(1, new_code_cell("SMOKE = True", metadata={"tags": ["injected-parameters"]}))
+    assert split(nb, LAB).parameters == {"SMOKE": True}
+    nb.cells[1].source = "def f():\n    pass"
+    parts = split(nb, LAB)
+    assert parts.parameters == {"SMOKE": False} and 1 in parts.parameter_errors
+
+
+STYLES = {
+    "tuple assignment": ("f, g = (lambda: 1), (lambda: 2)", {"f", "g"}),
+    "starred": ("a, *rest = [1, 2, 3]", {"a", "rest"}),
+    "from import": ("from lab0_shard import shard_range", {"shard_range"}),
+    "import as": ("import math as shard_math", {"shard_math"}),
+    "for target": ("for name in 'ab':\n    pass", {"name"}),
+    "with target": (
+        "import contextlib\nwith contextlib.nullcontext(1) as kept:\n    pass",
+        {"kept"},
+    ),
+    "walrus": ("if (found := 3):\n    pass", {"found"}),
+    "global in a function": ("def setup():\n    global table\n    table = {}", {"table"}),
+    "partial": ("import functools\nshard = functools.partial(min, 3)", {"shard"}),
+}
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_every_name_a_learner_binds_is_the_learners(style):
+    source, names = STYLES[style]
+    assert names <= _defined_names(source)
+
+
+def test_builtins_and_special_names_are_never_the_learners():
+    answer = "def all(xs):\n    return True\n\n__builtins__ = {}\nshard_range = len"
+    parts = split(_notebook("SMOKE = False", answer), LAB)
+    assert parts.learner_names == {"shard_range"}, parts.learner_names
+
+
+def test_another_cell_keeps_what_it_defines_and_drops_what_it_runs():
+    kept = _definitions(
+        "import functools\nf, g = min, max\nh = functools.partial(min, 1)\nk = lambda x: x\n"
+        "N = 2 ** 10\nout = spawn(work, 4)\nprint(out)\ndef helper():\n    return out"
+    )
+    tree = ast.parse(kept)
+    names = [ast.unparse(n).split(" =")[0].split("(")[0] for n in tree.body]
+    assert names == ["import functools", "f, g", "h", "k", "N", "def helper"], names
+
+
+def test_the_sandbox_gets_no_grader_only_cell_and_no_refused_import():
+    parts = split(_notebook("SMOKE = False"), LAB)
+    sandboxed = {c.index: c.source for c in parts.learner}
+    assert 2 not in sandboxed  # setup_reference: the grader's only
+    assert "zero" not in sandboxed[1] and "import torch" in sandboxed[1]
+    assert [c.index for c in parts.lab] == [1, 2]  # the grader runs both
+    assert "def reference" not in learner_program(parts)
+
+
+@pytest.mark.parametrize("lab", labs.lab_names(ROOT))
+def test_grading_toml_holds_the_solutions_parameters(lab):
+    nb = nbformat.read(ROOT / "solutions" / lab / f"{lab}.ipynb", as_version=4)
+    (cell,) = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    values = {
+        n.targets[0].id: ast.literal_eval(n.value)
+        for n in ast.parse(cell.source).body
+        if isinstance(n, ast.Assign)
+    }
+    instructor = lab_of(ROOT / "solutions" / lab).parameters
+    assert instructor == values, f"solutions/{lab}/grading.toml [parameters] != the cell"
+    assert params.read(cell.source, instructor).problems == []
+    for grade_id in lab_of(ROOT / "solutions" / lab).grader_only:
+        assert any(c.metadata.get("nbgrader", {}).get("grade_id") == grade_id for c in nb.cells)
