@@ -80,3 +80,32 @@ def test_a_predicted_tie_is_the_planners_five_percent_band_and_nothing_else():
                           "measured_s": 2.0}], close)  # fmt: skip
     assert e["step_worst"] == pytest.approx(0.2) and e["band_needed"] == pytest.approx(0.03)
     assert close[0].ratio_error == pytest.approx(1.03 / close[0].measured - 1)
+
+
+# ------------------------------------------- the frameworks' memory rules, on CPU ranks
+
+
+def _probe(kind, **cfg):
+    from helpers import launch
+    from helpers.parallel.composed import framework_probe as F
+
+    out = launch.spawn(F.probe, 2, args=(kind, F.ProbeConfig(**cfg)))
+    measured = max(r["held"] + r["peak"] for r in out)
+    return measured, F.predict(kind, out[0], 2), out
+
+
+def test_ddp_holds_a_flat_copy_of_the_gradients_unless_they_are_bucket_views():
+    # small activations: the end of the backward is the peak, where DDP without the view holds
+    # param.grad beside its buckets (4 bytes a parameter more)
+    copy, rule_copy, out = _probe("ddp")
+    view, rule_view, _ = _probe("ddp-bucket-view")
+    params = out[0]["params"]
+    assert copy - view == pytest.approx(4 * params, rel=0.1), (copy, view, params)
+    for got, rule in ((copy, rule_copy), (view, rule_view)):
+        assert got == pytest.approx(rule["total"], rel=0.15), (got, rule)
+
+
+def test_fsdp2_holds_its_shards_and_two_gathered_blocks():
+    got, rule, out = _probe("fsdp2-fp32")
+    assert min(r["held"] for r in out) == pytest.approx(rule["held"], rel=0.05)  # 16 B / 2
+    assert got == pytest.approx(rule["total"], rel=0.3), (got, rule)

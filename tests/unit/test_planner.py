@@ -1,5 +1,7 @@
 """The planner: seed 000's 2 x 8 grouping, and clear refusals."""
 
+from dataclasses import replace
+
 import pytest
 
 from helpers.models import llama2
@@ -14,10 +16,12 @@ def test_reproduces_seed_000_grouping():
     # with full recomputation and one sequence per micro-batch the seed's layout is the pick
     best = P.plan(LLAMA_13B, TWO_NODES, global_batch=256, recompute="full", micro_batch=1)[0]
     assert (best.pp, best.dp, best.tp) == (4, 2, 2)
-    # searched freely with ZeRO-1, it ties with the fastest (within 5 %), without recomputation
-    tied = P.ties(P.plan(LLAMA_13B, TWO_NODES, global_batch=256, zero=1))
-    seed = [lay for lay in tied if (lay.pp, lay.dp, lay.tp) == (4, 2, 2)]
-    assert seed and seed[0].recompute == "none"
+    # searched freely with ZeRO-1 and the memory Megatron holds (6 + 12/d bytes a parameter),
+    # the seed's layout still needs full recomputation; a TP = 4 layout fits without it
+    seed = P.best(LLAMA_13B, TWO_NODES, 256, dp=2, tp=2, pp=4, zero=1)
+    pick = P.plan(LLAMA_13B, TWO_NODES, 256, zero=1)[0]
+    assert seed.recompute == "full" and pick.recompute == "none" and pick.tp == 4
+    assert seed.step_time > 1.15 * pick.step_time
     # the slide's picture: TP pairs of neighbours, DP pairs one apart, PP across both nodes
     assert best.dims.groups("tp")[:2] == [[0, 1], [2, 3]]
     assert best.dims.groups("dp")[:2] == [[0, 2], [1, 3]]
@@ -34,16 +38,30 @@ def test_ranked_by_step_time_and_all_fit():
 
 def test_pure_data_parallel_does_not_fit_and_says_why():
     lay = P.evaluate(LLAMA_13B, TWO_NODES, 256, dp=16, tp=1, pp=1)
-    assert not lay.fits and "GB usable of 40 GB" in lay.reason
-    # 13 B parameters x 16 bytes = 208 GB of states on every GPU
-    assert lay.memory["optimizer"] + lay.memory["weights"] + lay.memory["gradients"] > 200e9
+    assert not lay.fits and "GB usable" in lay.reason and "CUDA context" in lay.reason
+    # Megatron without its distributed optimizer: 18 bytes a parameter (bf16 weights, fp32
+    # main gradients, fp32 master and Adam), 13 B parameters: 234 GB on every GPU
+    states = lay.memory["optimizer"] + lay.memory["weights"] + lay.memory["gradients"]
+    assert states == pytest.approx(18 * LLAMA_13B.params, rel=1e-6)
 
 
 def test_zero3_shards_the_states_over_dp():
-    plain = P.evaluate(LLAMA_13B, TWO_NODES, 256, dp=2, tp=2, pp=4, recompute="full")
+    plain = P.evaluate(LLAMA_13B, TWO_NODES, 256, dp=2, tp=2, pp=4, recompute="full", zero=1)
     zero3 = P.evaluate(LLAMA_13B, TWO_NODES, 256, dp=2, tp=2, pp=4, recompute="full", zero=3)
-    assert zero3.memory["optimizer"] == pytest.approx(plain.memory["optimizer"] / 2)
-    assert zero3.memory["weights"] == pytest.approx(plain.memory["weights"] / 2)
+    assert (plain.framework, zero3.framework) == ("megatron-distopt", "fsdp2-bf16")
+    # Megatron's distributed optimizer keeps bf16 weights whole and shards the fp32 master:
+    # 2 + 4 / 2 bytes; FSDP2 shards its fp32 weights: 4 / 2, half of it
+    assert zero3.memory["weights"] == pytest.approx(0.5 * plain.memory["weights"], rel=1e-3)
+
+
+def test_a_framework_can_be_named_and_must_match_the_zero_stage():
+    ddp = P.evaluate(LLAMA_13B, TWO_NODES, 256, dp=2, tp=2, pp=4, recompute="full",
+                     framework="megatron")  # fmt: skip
+    assert ddp.framework == "megatron"
+    with pytest.raises(ValueError, match="ZeRO-3"):
+        P.evaluate(LLAMA_13B, TWO_NODES, 256, dp=2, tp=2, pp=4, framework="fsdp2-bf16")
+    with pytest.raises(KeyError, match="choose one of"):
+        P.evaluate(LLAMA_13B, TWO_NODES, 256, dp=2, tp=2, pp=4, framework="nope")
 
 
 @pytest.mark.parametrize(
@@ -90,9 +108,10 @@ def _times(**kw):
 def test_zero3_moves_one_and_a_half_all_reduces_and_regathers_per_micro_batch():
     quiet = P.Cluster(nodes=2, gpus_per_node=8, gpu_memory_gb=1e4, overlap=False)
     kw = dict(dp=16, tp=1, pp=1, recompute="full")
+    paper = P.Workload.llama(llama2.CONFIGS["13B"], 4096, framework=None)  # 2 + 2 + 12 bytes
 
     def dp_time(**more):
-        return P.evaluate(LLAMA_13B, quiet, 256, **kw, **more).time["dp"]
+        return P.evaluate(paper, quiet, 256, **kw, **more).time["dp"]
 
     assert dp_time(zero=3, micro_batch=16) == pytest.approx(1.5 * dp_time(micro_batch=16))
     # 4 micro-batches: FSDP gathers the weights again for each, the all-reduce runs once
@@ -110,27 +129,42 @@ def test_ddp_all_reduce_hides_behind_the_backward_when_the_cluster_overlaps():
 
 
 def test_full_recomputation_runs_six_tp_all_reduces_per_layer_and_a_third_more_compute():
-    none = _times(dp=2, tp=2, pp=4, recompute="none")
-    full = _times(dp=2, tp=2, pp=4, recompute="full")
+    fixed = P.Cluster(nodes=2, gpus_per_node=8, gpu_memory_gb=1e4, elementwise=False)
+    none = P.evaluate(LLAMA_13B, fixed, 256, dp=2, tp=2, pp=4, recompute="none").time
+    full = P.evaluate(LLAMA_13B, fixed, 256, dp=2, tp=2, pp=4, recompute="full").time
     assert full["tp"] == pytest.approx(1.5 * none["tp"])  # 6 instead of 4
     assert full["compute"] == pytest.approx(4 / 3 * none["compute"])
+    # the memory-bound work around the matmuls: one more pass over the saved bytes (5 not 4),
+    # so the whole compute grows by between 5/4 and 4/3
+    moved = {r: P.evaluate(LLAMA_13B, TWO_NODES, 256, dp=2, tp=2, pp=4, recompute=r).time
+             for r in ("none", "full")}  # fmt: skip
+    assert 5 / 4 < moved["full"]["compute"] / moved["none"]["compute"] < 4 / 3
 
 
 def test_the_search_picks_micro_batch_and_recomputation_and_says_what_it_chose():
-    fixed = P.evaluate(LLAMA_13B, TWO_NODES, 256, dp=2, tp=2, pp=4, recompute="full")
-    free = P.best(LLAMA_13B, TWO_NODES, 256, dp=2, tp=2, pp=4, zero=1)
+    fixed = P.evaluate(LLAMA_13B, TWO_NODES, 256, dp=4, tp=2, pp=2, recompute="full")
+    free = P.best(LLAMA_13B, TWO_NODES, 256, dp=2, tp=4, pp=2, zero=1)
     assert free.fits and free.step_time < fixed.step_time and free.recompute == "none"
     assert "m=128 x 1 none" in str(free) and "bubble" in str(free)
     shares = free.shares()
-    assert sum(shares.values()) == pytest.approx(1) and shares["compute"] > 0.9
+    assert sum(shares.values()) == pytest.approx(1) and shares["compute"] > 0.85
 
 
 def test_ties_are_the_layouts_within_five_percent():
-    layouts = P.plan(LLAMA_13B, TWO_NODES, 256)
+    layouts = P.plan(LLAMA_13B, TWO_NODES, 256, zero=1)
     tied = P.ties(layouts)
     assert 1 < len(tied) < len(layouts)
     assert all(lay.step_time <= 1.05 * layouts[0].step_time for lay in tied)
     assert layouts[len(tied)].step_time > 1.05 * layouts[0].step_time
+
+
+def test_a_layout_fits_only_inside_the_margin():
+    c = replace(TWO_NODES, gpu_memory_gb=36)  # capacity 33.9 GB, usable 30.5 GB
+    assert c.usable_gb == pytest.approx((36 - 2 * 2**30 / 1e9) * 0.9)
+    tight = P.evaluate(LLAMA_13B, c, 256, dp=2, tp=4, pp=2, zero=1, micro_batch=1)
+    loose = P.evaluate(LLAMA_13B, replace(c, margin=0.0), 256, dp=2, tp=4, pp=2, zero=1)
+    assert c.usable_gb < tight.memory_gb < c.capacity_gb
+    assert loose.fits and not tight.fits and "10% for the allocator" in tight.reason
 
 
 def test_a_pipeline_runs_at_its_slowest_stage():
@@ -189,20 +223,24 @@ def test_coatnet_workload_counts_every_block_and_splits_only_attention():
     assert coatnet.CONFIGS["CoAtNet-7"].stage_names() == ["S1", "S2", "S3-MBConv", "S3-TFM", "S4"]
 
 
-def test_one_activation_formula_and_the_logits_on_the_last_stage():
-    from helpers.models import llama2
+def test_the_blocks_own_activations_and_the_loss_and_embeddings_on_the_edge_stages():
+    from helpers.parallel.composed import workloads
 
     w = P.Workload.llama(llama2.CONFIGS["13B"], 4096)
     b = w.blocks[0]
-    assert b.act_bytes == P.activation_bytes(5120, 4096)["block"] == 34 * 4096 * 5120
-    assert w.logits_bytes == 4096 * 32000 * 4  # fp32 logits: 0.52 GB a sequence
+    # the workbook's eager block in bf16: 32 h + 8 f + 4 hd + 4 H + 8 bytes a token
+    assert b.act_bytes == 4096 * (32 * 5120 + 8 * 13824 + 4 * 128 + 4 * 40 + 8)
+    assert b.act_bytes > 1.5 * P.activation_bytes(5120, 4096)["block"]  # Korthikanti's 34 s h
+    assert w.logits_bytes == 4096 * 32000 * workloads.LOSS_BYTES  # 1.57 GB a sequence
+    assert w.edge_params == (32000 * 5120, 32000 * 5120 + 5120)  # the final norm: last stage
     no_sp = P.Workload.llama(llama2.CONFIGS["13B"], 4096, sequence_parallel=False)
-    assert no_sp.blocks[0].act_replicated == 10 * 4096 * 5120
+    assert no_sp.blocks[0].act_replicated > b.act_replicated > 0  # the norms stay whole
     c = P.Cluster(nodes=1, gpus_per_node=8, gpu_memory_gb=1e4)
     lay = P.evaluate(w, c, 16, dp=1, tp=2, pp=4, micro_batch=1)
-    stage_bytes = [g * 1e9 for g in lay.stage_gb]
-    # 1F1B: stage s holds pp - s micro-batches; the last holds one, plus its logits
-    act = 10 * b.act_bytes / 2  # 10 layers a stage, split by tp = 2
-    assert stage_bytes[3] - stage_bytes[2] == pytest.approx(w.logits_bytes - act, rel=1e-6)
+    per = [g * 1e9 for g in lay.stage_gb]
+    # 1F1B: stage s holds pp - s micro-batches; the last holds one, plus the loss and output
+    act = 10 * (b.act_replicated + (b.act_bytes - b.act_replicated) / 2)  # 10 layers a stage
+    output = 18 * (32000 * 5120 + 5120) / 2  # 18 bytes a parameter (Megatron), tp = 2
+    assert per[3] - per[2] == pytest.approx(w.logits_bytes + output - act, rel=1e-6)
     blocks = P.Workload.llama(llama2.CONFIGS["13B"], 4096, embeddings=False)
-    assert blocks.logits_bytes == 0
+    assert blocks.logits_bytes == 0 and blocks.edge_params == (0, 0)

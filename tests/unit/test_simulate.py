@@ -24,7 +24,8 @@ def views_16():
 def _estimate(name, dims, cluster):
     w = P.Workload.llama(llama2.CONFIGS[name])
     lay = P.evaluate(w, cluster, 256, dp=dims.dp, tp=dims.tp, pp=dims.pp, zero=3, recompute="full")
-    return lay.memory["weights"] / 2  # parameters per GPU (bf16 weights: 2 bytes each)
+    fw = P.framework_of(w, 3)  # FSDP2: fp32 weights, sharded
+    return lay.memory["weights"] / (fw.weights + fw.master)  # parameters on the fullest GPU
 
 
 def test_16_ranks_groups_are_the_planners(views_16):
@@ -49,8 +50,8 @@ def test_16_ranks_shard_shapes(views_16):
 
 def test_16_ranks_memory_matches_estimator(views_16):
     est = _estimate("13B", SEED_000, P.CLUSTERS["2x8 A100-40GB"])
-    for v in views_16:  # stages 0 and 3 also hold the embedding / output (+3 %)
-        assert v["local_params"] == pytest.approx(est, rel=0.05)
+    for v in views_16:  # the estimate is the fullest stage's: 0 and 3 hold the embedding / output
+        assert v["local_params"] == pytest.approx(est, rel=0.05 if v["stage"] in (0, 3) else 0.1)
     # all shards together hold the model once per TP rank for the (replicated) norm weights only
     args = llama2.CONFIGS["13B"]
     norms = (2 * args.n_layers + 1) * args.dim

@@ -67,22 +67,34 @@ def saved_bytes(cfg: BenchConfig, tp: int = 1) -> int:
 
 
 def workload(cfg: BenchConfig) -> planner.Workload:
-    """The block stack for the planner: fp32 Adam (4 + 4 + 8 bytes per parameter) and the
-    planner's one activation formula (planner.activation_bytes: 34 s h at 2-byte values, 10 s h
-    of it whole on every TP rank: this TP has no sequence parallelism), as 7.2 uses for GPUs.
-    What this block really saves is counted by ``hook_counted``, for comparison."""
+    """The block stack for the planner: fp32 Adam (4 + 4 + 8 bytes per parameter), DDP with
+    its gradients as views of its buckets (no bucket copy) and FSDP2 in fp32, and the
+    activations this block saves (workloads.llama_block_bytes, fp32; without sequence
+    parallelism the norms and linear inputs stay whole on every TP rank): the rule 7.2 uses
+    for GPUs, for the block that runs. ``hook_counted`` counts them again, for comparison."""
     return planner.Workload.llama(
         model_args(cfg), cfg.seq_len, name="Llama 2 blocks", bytes_per_value=4,
         state_bytes=(4, 4, 8), embeddings=False, sequence_parallel=False,
+        framework=((0, "ddp-bucket-view"), (3, "fsdp2-fp32")),
     )  # fmt: skip
 
 
 def hook_counted(cfg: BenchConfig) -> dict:
     """Bytes one block saves per sample, counted by autograd's hooks (whole, and what TP leaves
-    whole on each of 2 ranks: what 2 ranks save beyond half the whole), beside the formula."""
+    whole on each of 2 ranks: what 2 ranks save beyond half the whole), beside the planner's
+    rule for this block and Korthikanti et al.'s 34 s h (at 4-byte values)."""
+    from helpers.parallel.composed import workloads
+
     whole, half = saved_bytes(cfg), saved_bytes(cfg, tp=2)
+    rule = workloads.llama_block_bytes(model_args(cfg), cfg.seq_len, 4)
     formula = planner.activation_bytes(cfg.dim, cfg.seq_len, 4, sequence_parallel=False)
-    return {"counted": whole, "counted_replicated": 2 * half - whole, **formula}
+    return {
+        "counted": whole,
+        "counted_replicated": 2 * half - whole,
+        "rule": rule["block"],
+        "rule_replicated": rule["norms"],
+        **formula,
+    }
 
 
 def _rank(d, cfg: BenchConfig, trials: tuple[Trial, ...]) -> dict:

@@ -202,11 +202,12 @@ def workload(cfg, name: str = "CoAtNet", state_bytes=(4, 4, 8)):
     TP splits the transformer blocks only (as ``apply_tp`` does); the stem, MBConv blocks and
     head stay whole on every TP rank, their FLOPs and activations undivided. Of a transformer
     block's activations, TP without sequence parallelism leaves the two LayerNorms' inputs and
-    outputs whole (4 x its output).
+    outputs whole (4 x its output). Memory rules: torch DDP (its bucket copy of the gradients)
+    and FSDP2 in fp32 (workloads.default_frameworks).
     """
     import math
 
-    from helpers.parallel.composed import planner
+    from helpers.parallel.composed import planner, workloads
 
     rows, out = blocks(cfg), []
     for r in rows:
@@ -218,7 +219,8 @@ def workload(cfg, name: str = "CoAtNet", state_bytes=(4, 4, 8)):
     heads = [w // cfg.head_dim for w, k in zip(cfg.dims[1:], cfg.kinds, strict=True) if k == "T"]
     tokens = max(r["side"] ** 2 for r in rows if r["kind"] == "T")
     return planner.Workload(name, tuple(out), seq_len=tokens, heads=math.gcd(*heads),
-                            state_bytes=tuple(state_bytes))  # fmt: skip
+                            state_bytes=tuple(state_bytes),
+                            framework=workloads.default_frameworks(state_bytes))  # fmt: skip
 
 
 def tp_traffic(cfg, batch: int = 1) -> list[dict]:

@@ -176,7 +176,7 @@ class LayoutRun:
                 **compat.ddp_buffer_sync(False),
             )  # the rotary tables are the same everywhere
         self.part = part
-        self.opt = torch.optim.Adam(part.parameters(), lr=1e-3)
+        self.opt = torch.optim.Adam(part.parameters(), lr=1e-3, foreach=True)  # the GPU default
         self.sched = None
         if trial.pp > 1:
             from torch.distributed.pipelining import PipelineStage
@@ -270,7 +270,8 @@ class Probes:
         fully_shard(self.sharded, mesh=DeviceMesh.from_group(alone, "cpu"))
         self.ddp = DDP(stack(), process_group=alone, gradient_as_bucket_view=True,
                        **compat.ddp_buffer_sync(False))  # fmt: skip
-        self.opts = [torch.optim.Adam(m.parameters(), lr=1e-3) for m in (self.plain, self.sharded)]
+        self.opts = [torch.optim.Adam(m.parameters(), lr=1e-3, foreach=True)
+                     for m in (self.plain, self.sharded)]  # fmt: skip
         self.inputs = [torch.randn(r, seq_len, args.dim) for r in PROBE_ROWS]
         self.bufs = [torch.zeros(n // 4) for n in PROBE_BYTES]
 

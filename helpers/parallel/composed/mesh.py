@@ -20,6 +20,7 @@ process group, so planners and drawings use the very layout ``build_mesh`` makes
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,8 +30,19 @@ __all__ = ["ParallelDims", "divisors", "DIM_NAMES"]
 DIM_NAMES = ("pp", "dp", "tp")  # outermost to innermost
 
 
+@functools.lru_cache(maxsize=4096)
+def _crosses(shape: tuple[int, int, int], per_node: int, axis: int) -> bool:
+    nodes = np.moveaxis(np.arange(int(np.prod(shape))).reshape(shape) // per_node, axis, -1)
+    return bool((nodes.max(-1) != nodes.min(-1)).any())
+
+
 def divisors(n: int) -> list[int]:
-    return [k for k in range(1, n + 1) if n % k == 0]
+    return list(_divisors(n))
+
+
+@functools.lru_cache(maxsize=1024)
+def _divisors(n: int) -> tuple[int, ...]:
+    return tuple(k for k in range(1, n + 1) if n % k == 0)
 
 
 @dataclass(frozen=True)
@@ -90,7 +102,9 @@ class ParallelDims:
 
     def crosses_nodes(self, dim: str) -> bool:
         """True when some group of this dimension spans two nodes (slow links)."""
-        return any(len({self.node_of(r) for r in g}) > 1 for g in self.groups(dim))
+        if dim not in DIM_NAMES:
+            raise KeyError(f"unknown mesh dimension {dim!r}; choose one of {DIM_NAMES}")
+        return _crosses(self.shape, self.gpus_per_node or self.world_size, DIM_NAMES.index(dim))
 
     def build_mesh(self, device_type: str = "cpu", names: tuple[str, ...] = DIM_NAMES):
         """init_device_mesh with dims ("pp", "dp", "tp"); pass names=("dp", "tp") for 2D.
