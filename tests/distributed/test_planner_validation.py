@@ -4,7 +4,9 @@ DP, DP with accumulation, ZeRO-3, GPipe and 1F1B pipelines, TP and the 2 x 2 hyb
 stack of Llama 2 blocks; the planner, fed this machine's rates measured in the same run,
 predicts each step time and peak memory. A measured order holds when every round orders
 the pair the same way (a shared 2-core machine: the other pairs are ties within the spread);
-the planner must predict each such order, and its memory within 20 % of the allocator's peak.
+the planner must predict each such order, and its memory within 10 % of the allocator's peak.
+The frameworks' memory rules are measured on their own (framework_probe): DDP's bucket copy,
+FSDP2's shards and gathered blocks.
 """
 
 import pytest
@@ -43,12 +45,12 @@ def test_planner_ranks_layouts_in_the_measured_order(validated):
 
 
 def test_planner_memory_matches_the_allocator(validated):
-    # one activation formula (34 s h, as 7.2 uses for GPUs): this block saves more than it
-    # counts, so every estimate is low, by no more than that gap
+    # the activations of the block that runs (its own count, not 34 s h) and the frameworks'
+    # rules (DDP's bucket views, FSDP2's gathered blocks, Adam's foreach temporary)
     act = validated["activations"]
-    assert act["block"] < act["counted"] < 1.4 * act["block"]
+    assert act["rule"] == act["counted"] and act["rule_replicated"] == act["counted_replicated"]
     for r in validated["rows"]:
-        assert -0.3 < r["predicted_mb"] / r["measured_mb"] - 1 < 0.05, r["name"]
+        assert abs(r["predicted_mb"] / r["measured_mb"] - 1) < 0.1, r["name"]
     by = {r["name"]: r["measured_mb"] for r in validated["rows"]}
     # what the layouts are for: ZeRO-3 and 1F1B hold far less than a DDP replica
     assert by["dp=4 ZeRO-3"] < 0.8 * by["dp=4"] and by["pp=4 1F1B, m=8"] < 0.5 * by["dp=4"]
@@ -107,5 +109,9 @@ def test_ddp_holds_a_flat_copy_of_the_gradients_unless_they_are_bucket_views():
 
 def test_fsdp2_holds_its_shards_and_two_gathered_blocks():
     got, rule, out = _probe("fsdp2-fp32")
-    assert min(r["held"] for r in out) == pytest.approx(rule["held"], rel=0.05)  # 16 B / 2
+    # between steps: its shards (16 bytes / 2 a parameter), and at times a gathered block or two
+    # that FSDP2 has not freed yet (the peak's two gathered blocks count them)
+    block = 4 * out[0]["largest"]
+    held = min(r["held"] for r in out)
+    assert rule["held"] * 0.99 < held < rule["held"] + 2.1 * block, (held, rule, block)
     assert got == pytest.approx(rule["total"], rel=0.3), (got, rule)
