@@ -335,3 +335,41 @@ def test_04s_deepspeed_gpu_job_as_it_was_fails_on_fp32_inputs_and_bf16_weights(r
     for text in (row.reached, row.strict):
         assert "mat1 and mat2 must have the same dtype, but got Float and BFloat16" in text, text
         assert "program.py:20: loss = F.cross_entropy(engine(xs), ys)" in text, text
+
+
+# --------------------------------------------------------------------------- NCCL's order
+
+RING_JOB = """
+import sys
+import torch
+import torch.distributed as tdist
+from helpers import dist
+
+with dist.session() as d:
+    n, r = d.world_size, d.rank
+    out, into = torch.ones(1024, device=d.device), torch.empty(1024, device=d.device)
+    for _ in range(2):
+        if sys.argv[1] == "send-first":
+            tdist.send(out, (r + 1) % n)
+            tdist.recv(into, (r - 1) % n)
+        else:
+            req = tdist.isend(out, (r + 1) % n)
+            tdist.recv(into, (r - 1) % n)
+            req.wait()
+"""
+
+
+def test_a_ring_that_hangs_nccl_fails_at_its_full_size(runs, tmp_path):
+    """On 4 GPUs a ring whose every rank sends (blocking) before it receives hangs: each
+    rank's recv waits for its own send, which waits for its neighbour's recv. The dry run
+    sees only ranks 0 and 3 of the job, finds them doing the same, and runs NCCL's model on
+    all 4 (an isend-then-recv ring, which runs on 4 GPUs and hangs on 2, passes that check:
+    tests/distributed/test_standin_order.py refuses it on 2 ranks)."""
+    program = tmp_path / "ring.py"
+    program.write_text(RING_JOB)
+    Job("ring", program, nodes=1, gpus_per_node=4, profile="engaging", values={"env": "x"},
+        args=["send-first"]).write()  # fmt: skip
+    (row,) = _rows(runs, all_gpus=False, timeout=120)
+    assert not row.ok and "FAILS on 4 ranks under NCCL's order" in row.reached, row
+    assert "rank 0's send to 1 (program.py:12: tdist.send(out, (r + 1) % n))" in row.reached
+    assert row.strict.startswith("FAILS on 2 ranks: rank ") and "no rank will post" in row.strict

@@ -185,3 +185,69 @@ def test_deterministic_algorithms_need_cublas_workspace_config_as_on_cuda(tmp_pa
     assert unset["program_line"] == "program.py:12: out = layer(torch.randn(3, 4, device=d.device))"
     (given,) = run_ranks(program, ["set"], "strict", 1, timeout=120)
     assert given["ok"], given.get("error")
+
+
+CUDA_REFUSALS = """
+import sys
+import torch
+from torch.utils.data import DataLoader, Dataset
+from helpers import dist, runs
+
+class OnDevice(Dataset):  # each sample made on the device: in a forked worker
+    def __init__(self, device):
+        self.device = device
+    def __len__(self):
+        return 4
+    def __getitem__(self, i):
+        return torch.full((2,), float(i), device=self.device)
+
+d = dist.init()
+model = torch.nn.Linear(2, 2).to(d.device)  # the rank has used its device
+if sys.argv[1] == "host-generator":
+    x = torch.randn(3, device=d.device, generator=torch.Generator().manual_seed(0))
+elif sys.argv[1] == "device-generator":
+    g = torch.Generator(device=d.device).manual_seed(0)
+    x = torch.randn(3, device=d.device, generator=g)
+    runs.write_metrics({"generator": str(g.device), "draw": str(x.device)})
+elif sys.argv[1] == "workers":
+    batches = list(DataLoader(OnDevice(d.device), batch_size=2, num_workers=2))
+dist.cleanup()
+"""
+
+
+def test_cudas_refusals_a_host_generator_and_the_device_in_forked_workers(tmp_path):
+    """CUDA refuses a device draw from a host generator ("Expected a 'cuda' device type for
+    generator"), and any device use in a DataLoader worker forked from a rank that used its
+    GPU ("Cannot re-initialize CUDA in forked subprocess"), where the CPU takes both. A
+    generator made on the device draws there."""
+    program = _program(tmp_path, CUDA_REFUSALS)
+    (host,) = run_ranks(program, ["host-generator"], "strict", 1, timeout=120)
+    assert not host["ok"], host
+    assert "Expected a 'gpu' device type for generator but found 'cpu'" in host["error"]
+    assert "torch.Generator(device=d.device)" in host["error"]  # the fix
+    assert host["program_line"].startswith("program.py:18: x = torch.randn(3, device=d.device")
+    (device,) = run_ranks(program, ["device-generator"], "strict", 1, timeout=120)
+    assert device["ok"], device.get("error")
+    assert device["metrics"] == {"generator": "gpu:0", "draw": "gpu:0"}
+    (workers,) = run_ranks(program, ["workers"], "strict", 1, timeout=120)
+    assert not workers["ok"], workers
+    assert "Caught RuntimeError in DataLoader worker process" in workers["error"]
+    assert "Cannot re-initialize CUDA in forked subprocess" in workers["error"]
+    assert "move the batch to d.device in the training loop" in workers["error"]  # the fix
+
+
+DEVICE_TYPE_CHECK = """
+import torch
+from helpers import dist
+
+d = dist.init()
+pin = d.device.type == "cuda"  # the stand-in's type is "gpu": the CPU's branch, unchecked
+"""
+
+
+def test_a_program_that_compares_its_device_with_cuda_is_refused_naming_the_line(tmp_path):
+    (result,) = run_ranks(_program(tmp_path, DEVICE_TYPE_CHECK), [], "fake", 2, [0], timeout=60)
+    assert not result["ok"], result
+    assert result["program_line"].startswith('program.py:6: pin = d.device.type == "cuda"')
+    assert "ask helpers.devices" in result["error"].lower(), result["error"]
+    assert "devices.is_gpu(d.device)" in result["error"]

@@ -8,8 +8,11 @@ For each ``job.json`` (written by ``helpers.cluster.job.Job.write``, so by every
    messages, as pipeline stages do), until two optimizer steps are done. Its peak GPU bytes are held against each GPU its profile offers (less
    ``helpers.gpus.RESERVE_GIB`` for the CUDA context and NCCL), and the host bytes its
    ranks need against the job's ``--mem`` (or the node's memory per GPU);
+   The fake ranks' operations are checked against NCCL's order for the whole job where the
+   ranks it ran show it (order.py: 2 ranks, or ranks that all do the same);
 2. **device-strict**: the same program on 2 real CPU ranks (1 for a one-GPU job), at its
-   laptop sizes, on the stand-in GPU: a tensor left on the host fails, naming its line.
+   laptop sizes, on the stand-in GPU: a tensor left on the host fails, naming its line, and
+   so does an order of operations that would hang NCCL or collectives the ranks disagree on.
 
 Identical programs with identical arguments and world sizes are run once.
 """
@@ -24,6 +27,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from helpers.course.dryrun.order import order_problem
 from helpers.course.dryrun.runner import run_fake, run_ranks
 from helpers.gpus import RESERVE_GIB, lookup
 
@@ -198,13 +202,18 @@ def _where_full(fake: list[dict], gpu: str) -> str:
 def _rows_for(job: Job, runs: _Runs, gpus: list[str]) -> list[Row]:
     name = job.spec["name"]
     strict = runs.strict(job)
-    strict_text = "ok" if all(r.get("ok") for r in strict) else "FAILS " + _failure(strict)
+    on = f"on {min(job.world, 2)} ranks: " if job.world > 2 else ""
+    strict_text = "ok" if all(r.get("ok") for r in strict) else f"FAILS {on}" + _failure(strict)
     rows = []
     marks = tuple(sorted({_usable(g) for g in gpus}))  # one fake run notes where each fills up
     for gpu in gpus:
         fake = runs.fake(job, gpu, marks)
         fake_ok = all(r.get("ok") for r in fake)
         reached = _least(fake) + ("" if fake_ok else " (FAILS " + _failure(fake) + ")")
+        order = order_problem(job.world, fake)  # NCCL's order, from the ranks it ran
+        if order:
+            fake_ok = False
+            reached += f" (FAILS on {job.world} ranks under NCCL's order: {order[:600]})"
         reached += "".join(f" ({r['note']})" for r in fake if r.get("note"))
         peak = max(r.get("peak_bytes", {}).get("gpu", 0) for r in fake) / GIB
         cap = lookup(gpu).memory_gib

@@ -1,0 +1,105 @@
+"""The stand-in GPU keeps NCCL's order: what would hang or mix up the data on GPUs fails here.
+
+Each test runs a real program on 2 real CPU ranks, device-strict (``helpers.course.dryrun``),
+where gloo alone would let every one of these programs pass: gloo lets an ``isend`` go out
+before its receive is posted, and some mismatched collectives complete on it.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from helpers.course.dryrun.runner import run_ranks
+
+RING_STEP = """
+import sys
+import torch
+import torch.distributed as tdist
+from helpers import dist, runs
+
+d = dist.init()
+n, r = d.world_size, d.rank
+right, left = (r + 1) % n, (r - 1) % n
+out, into = torch.full((4,), float(r), device=d.device), torch.empty(4, device=d.device)
+for step in range(2):
+    if sys.argv[1] == "two-calls":
+        req = tdist.isend(out, right)
+        tdist.recv(into, left)
+        req.wait()
+    elif sys.argv[1] == "batch":
+        reqs = tdist.batch_isend_irecv([tdist.P2POp(tdist.isend, out, right),
+                                        tdist.P2POp(tdist.irecv, into, left)])
+        for req in reqs:
+            req.wait()
+    elif r % 2 == 0:  # parity: even ranks send first
+        tdist.send(out, right)
+        tdist.recv(into, left)
+    else:
+        tdist.recv(into, left)
+        tdist.send(out, right)
+    out = into.clone()
+runs.write_metrics({"got": into.tolist()})
+dist.cleanup()
+"""
+
+COLLECTIVES = """
+import sys
+import torch
+import torch.distributed as tdist
+from helpers import dist
+
+d = dist.init()
+x = torch.ones(4 + 4 * d.rank if sys.argv[1] == "shape" else 4, device=d.device)
+if sys.argv[1] == "skip" and d.rank == 0:
+    tdist.all_reduce(x)  # rank 1 skips it
+out = torch.empty(2 * x.numel(), device=d.device)
+tdist.all_gather_into_tensor(out, x)
+dist.cleanup()
+"""
+
+
+def _program(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "program.py"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_isend_then_recv_fails_fast_naming_both_lines_and_batched_or_parity_rings_pass(tmp_path):
+    """2 ranks, each isend to the other then recv from it: a hang on NCCL (NVIDIA/nccl#479),
+    refused within seconds on both ranks; the same step as one batch, or ordered by rank
+    parity, runs (and the rings pass the values round)."""
+    program = _program(tmp_path, RING_STEP)
+    results = run_ranks(program, ["two-calls"], "strict", 2, timeout=120)
+    for r in results:  # both ranks see the cycle, each at its own recv
+        assert not r["ok"] and r["program_line"] == "program.py:14: tdist.recv(into, left)", r
+        assert r["seconds"] < 15, f"rank {r['rank']} took {r['seconds']:.1f} s to refuse it"
+        error = r["error"]
+        assert "WouldHang" in error and "so on GPUs this hangs" in error, error
+        for rank in (0, 1):  # each rank's two lines, and the fix
+            assert f"rank {rank}'s isend to {1 - rank} (program.py:13: req = tdist.isend(" in error
+            assert f"rank {rank}'s recv from {1 - rank} (program.py:14: tdist.recv(" in error
+        assert "batch_isend_irecv" in error and "parity" in error, error
+    for style in ("batch", "parity"):
+        results = run_ranks(program, [style], "strict", 2, timeout=120)
+        assert all(r["ok"] for r in results), (style, [r.get("error") for r in results])
+        assert results[0]["metrics"]["got"] == [0.0] * 4, style  # two steps: its own back
+
+
+def test_a_shape_mismatch_and_a_skipped_collective_fail_naming_both_ranks(tmp_path):
+    program = _program(tmp_path, COLLECTIVES)
+    shape = run_ranks(program, ["shape"], "strict", 2, timeout=120)
+    for r in shape:
+        assert not r["ok"], r
+        error = r["error"]
+        assert "collective #1 of this group differs between ranks" in error, error
+        assert "all_gather_into_tensor(float32[8] <- float32[4])" in error, error
+        assert "all_gather_into_tensor(float32[16] <- float32[8])" in error, error
+        assert error.count("program.py:12: tdist.all_gather_into_tensor(out, x)") >= 2, error
+    skipped = run_ranks(program, ["skip"], "strict", 2, timeout=120)
+    for r in skipped:
+        assert not r["ok"] and r["seconds"] < 15, r
+        error = r["error"]
+        assert "rank 0's all_reduce (program.py:10: tdist.all_reduce(x)" in error, error
+        assert "rank 1's all_gather_into_tensor (program.py:12:" in error, error
+        assert "did one rank skip a call?" in error, error
