@@ -1,14 +1,18 @@
 """Figures of notebook 10 (expert parallelism): the load per expert, balance and drops over
-training runs, all-to-all time against the bytes, and the explorer of E, k, N and capacity."""
+training runs, what imbalance costs on the ranks, all-to-all time against the bytes, and the
+explorer of E, k, N, capacity and skew."""
 
 from __future__ import annotations
 
 from helpers.viz.common import new_figure
 
 
-def plot_load(loads: dict, cap: int | None, measured_on: str | None, title: str):
-    """One bar chart per routing: assignments per expert, and the capacity as a dashed line.
-    loads: {name: [count per expert]}."""
+def plot_load(loads: dict, cap: int | None, measured_on: str | None, title: str,
+              cap_label: str = "capacity"):  # fmt: skip
+    """One bar chart per routing: assignments per expert, and the capacity as a dashed line
+    (labelled ``cap_label``). loads: {name: [count per expert]}."""
+    from matplotlib.ticker import MaxNLocator
+
     fig, axes = new_figure(title, measured_on, ncols=len(loads), width=4.2)
     for ax, (name, load) in zip(axes, loads.items(), strict=True):
         load = [int(c) for c in load]
@@ -18,9 +22,10 @@ def plot_load(loads: dict, cap: int | None, measured_on: str | None, title: str)
             color=["tab:red" if cap and c > cap else "tab:blue" for c in load],
         )
         if cap:
-            ax.axhline(cap, color="k", ls="--", lw=1, label=f"capacity {cap}")
+            ax.axhline(cap, color="k", ls="--", lw=1, label=f"{cap_label} {cap}")
             ax.legend(fontsize=7)
         ax.axhline(sum(load) / len(load), color="0.5", lw=1, ls=":")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("expert")
         ax.set_ylabel("token assignments")
         ax.set_title(name, fontsize=9)
@@ -50,12 +55,38 @@ def plot_balance(runs: dict, measured_on: str):
     return fig
 
 
+def plot_imbalance(runs: dict, measured_on: str):
+    """Per router skew, per rank: the rows its experts received (left) and its experts' CPU
+    milliseconds, the least of its repeats (right). runs: {label: [time_layer's dict per rank]}."""
+    import numpy as np
+
+    fig, (ax_r, ax_c) = new_figure("what the skew does to each rank: its experts' rows and work",
+                                   measured_on, ncols=2)  # fmt: skip
+    labels = list(runs)
+    ranks = len(runs[labels[0]])
+    width = 0.8 / ranks
+    for r in range(ranks):
+        at = np.arange(len(labels)) + (r - (ranks - 1) / 2) * width
+        ax_r.bar(at, [runs[lab][r]["rows_received"] for lab in labels], width, label=f"rank {r}")
+        ax_c.bar(at, [1e3 * runs[lab][r]["experts_cpu_s"] for lab in labels], width)
+    for ax, name in (
+        (ax_r, "rows received (its experts' work)"),
+        (ax_c, "experts, CPU ms (least of the repeats)"),
+    ):
+        ax.set_xticks(range(len(labels)), labels, fontsize=8)
+        ax.set_ylabel(name)
+    ax_r.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
 def plot_a2a_time(sizes: list, seconds: list, fit, measured_on: str):
-    """All-to-all time against the bytes a rank sends, and the fitted alpha + beta n."""
+    """All-to-all time against the bytes a rank sends, and the least-squares alpha + beta n."""
     fig, (ax,) = new_figure("one all_to_all_single: time against bytes", measured_on)
     ax.loglog(sizes, [1e3 * s for s in seconds], "o", label="measured (median)")
     alpha, beta = fit
-    ax.loglog(sizes, [1e3 * (alpha + beta * n) for n in sizes], "--", label="alpha + beta n")
+    ax.loglog(sizes, [1e3 * (alpha + beta * n) for n in sizes], "--",
+              label="alpha + beta n (least squares)")  # fmt: skip
     ax.set_xlabel("bytes a rank sends")
     ax.set_ylabel("ms")
     ax.legend(fontsize=8)
@@ -65,7 +96,8 @@ def plot_a2a_time(sizes: list, seconds: list, fit, measured_on: str):
 
 def explorer(draw, tokens: int = 4096):
     """Sliders for E, k, N, the capacity factor and the skew: the load per expert with its
-    capacity, the drops, and the bytes each rank sends each rank. draw: routing_draw."""
+    capacity (per source: N x the capacity of one rank's tokens), the drops, and what the busiest
+    receiver gets. draw: routing_draw."""
     import ipywidgets as W
     import matplotlib.pyplot as plt
     from IPython.display import display
@@ -83,15 +115,17 @@ def explorer(draw, tokens: int = 4096):
     def show(n_experts, k, ranks, factor, skew):
         k = min(k, n_experts)
         res = draw(tokens, n_experts, k, ranks, factor, skew)
-        fig = plot_load({f"E = {n_experts}, top-{k}": res["load"].tolist()}, res["capacity"], None,
-                        f"{tokens:,} tokens on {ranks} ranks")  # fmt: skip
+        fig = plot_load({f"E = {n_experts}, top-{k}": res["load"].tolist()}, ranks * res["capacity"],
+                        None, f"{tokens:,} tokens on {ranks} ranks", "N x capacity per source")  # fmt: skip
         plt.show()
-        sent = res["bytes"].sum(1)
-        away = sent - res["bytes"].diagonal()
+        sent, got = res["bytes"].sum(1), res["bytes"].sum(0)
         verdict.value = (f"dropped <b>{int(res['drops'].sum()):,}</b> of {tokens * k:,} assignments "
-                         f"({float(res['drops'].sum()) / (tokens * k):.1%}); busiest expert "
-                         f"{int(res['load'].max()):,} vs mean {tokens * k / n_experts:,.0f}; the busiest rank "
-                         f"sends {float(away.max()) / 2**20:.1f} MiB away per all-to-all (dim 4096, bf16)")  # fmt: skip
+                         f"({float(res['drops'].sum()) / (tokens * k):.1%}), each on its sending rank; "
+                         f"busiest expert {int(res['load'].max()):,} vs mean {tokens * k / n_experts:,.0f}. "
+                         f"The busiest <b>receiver</b> gets {int(res['received_rows'].max()):,} rows "
+                         f"({float(got.max()) / 2**20:.1f} MiB per all-to-all, d 4096, bf16; mean "
+                         f"{float(got.float().mean()) / 2**20:.1f}); each rank sends at most "
+                         f"{float(sent.max()) / 2**20:.1f} MiB")  # fmt: skip
         return fig
 
     out = W.interactive_output(show, {"n_experts": n_experts, "k": k, "ranks": ranks,

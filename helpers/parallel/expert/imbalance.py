@@ -12,8 +12,9 @@ returns what the lesson needs:
                     and set by the busiest receiver
     dispatch_s, experts_s, combine_s, backward_s
                     each part alone, all ranks started together (a barrier before each)
-    experts_cpu_s   the CPU seconds of this thread in the experts: the work itself, which CPU
-                    ranks sharing cores cannot blur (on a GPU the kernels run elsewhere: 0)
+    experts_cpu_s   the CPU seconds of this thread in the experts (the least of the repeats): the
+                    work itself, which CPU ranks sharing cores blur far less than the wall time
+                    (on a GPU the kernels run elsewhere: 0)
     peak_bytes      the most tensor memory the layer's forward and backward held at once: the
                     received rows and the experts' activations grow with the rank's load
 
@@ -39,7 +40,8 @@ __all__ = ["time_layer"]
 
 
 def _timed(fn, device, repeats: int, group, barrier: bool = True):
-    """(median wall seconds, median CPU seconds of this thread, last result) of fn()."""
+    """(median wall seconds, least CPU seconds of this thread, last result) of fn(): the least,
+    because CPU time counts work, and a busy machine can only add to it (caches, shared cores)."""
     walls, cpus, out = [], [], None
     for _ in range(repeats):
         if barrier:
@@ -50,7 +52,7 @@ def _timed(fn, device, repeats: int, group, barrier: bool = True):
         devices.synchronize(device)
         walls.append(time.perf_counter() - start)
         cpus.append(time.thread_time() - cpu)
-    return statistics.median(walls), statistics.median(cpus), out
+    return statistics.median(walls), min(cpus), out
 
 
 def _parts(x, router_weight, experts: Experts, n_experts: int, k: int, logit_bias, group, cap):
@@ -84,16 +86,15 @@ def time_layer(x, router_weight, experts: Experts, n_experts: int, k: int, logit
         return back(work(received), routing, received)
 
     repeats = devices.repeats(repeats)
-    if repeats > 1:  # warm-up: the first exchange between two ranks sets up their connection
-        layer().sum().backward()
-    with PeakMemory(device) as mem:
+    with PeakMemory(device) as mem:  # first: also the warm-up (a first exchange sets up links)
         layer().square().mean().backward()
     layer_s, _, _ = _timed(layer, device, repeats, group)
     routing = route()
     dispatch_s, _, received = _timed(lambda: send(routing), device, repeats, group)
-    experts_s, experts_cpu_s, y = _timed(lambda: work(received), device, repeats, group)
+    # the experts alone, 5 times as often: the least of many CPU readings is the work itself
+    experts_s, experts_cpu_s, y = _timed(lambda: work(received), device, 5 * repeats, group)
     combine_s, _, out = _timed(lambda: back(y, routing, received), device, repeats, group)
-    backward_s, _, _ = _timed(lambda: out.sum().backward(retain_graph=True), device, repeats, group)
+    backward_s, _, _ = _timed(lambda: out.sum().backward(), device, 1, group)  # once: no graph kept
     return {"rows_received": len(received[0]), "layer_s": layer_s, "dispatch_s": dispatch_s,
             "experts_s": experts_s, "experts_cpu_s": experts_cpu_s if not devices.is_gpu(device) else 0.0,
             "combine_s": combine_s, "backward_s": backward_s, "peak_bytes": mem.peak}  # fmt: skip
