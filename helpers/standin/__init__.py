@@ -28,7 +28,7 @@ from the CPU's (``helpers.standin.cuda_rules``): the optimizers' foreach impleme
 pinned loader batches, and CUDA's refusals (operands of a matrix product in two dtypes, cuBLAS
 under deterministic algorithms without ``$CUBLAS_WORKSPACE_CONFIG``, a device draw from a host
 generator, the device in a forked DataLoader worker, a collective on a non-contiguous tensor,
-a receive from any source).
+a receive from any source, a CUDA event read before the host waited for it).
 
 A DeepSpeed program gets the stand-in GPU too: ``helpers.dist.init()`` gives DeepSpeed an
 accelerator whose device is ``gpu`` (``helpers.standin.ds_accelerator``).

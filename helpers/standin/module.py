@@ -1,4 +1,13 @@
-"""``torch.gpu``: what torch's generic device code asks of an accelerator module."""
+"""``torch.gpu``: what torch's generic device code asks of an accelerator module.
+
+The stand-in runs every kernel at once, so streams have nothing to wait for. Its events keep
+CUDA's rules for timing all the same: ``elapsed_time`` needs both events made with
+``enable_timing=True`` and recorded, and the end event finished, which the host knows only
+after it waited for the device since the record (``event.synchronize()``, ``query()``,
+``torch.gpu.synchronize()``, a stream's ``synchronize()``, or a copy to the host such as
+``.item()``). Without that wait CUDA raises "device not ready" while the work is still
+queued; so does the stand-in, whatever the work.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +15,18 @@ import contextlib
 
 import torch
 
-__all__ = ["GpuModule"]
+__all__ = ["GpuModule", "host_waited"]
+
+_WAITS = [0]  # how many times the host has waited for the device
+
+
+def host_waited() -> None:
+    """The host waited for the device (a synchronize, or a copy of a device tensor to it)."""
+    _WAITS[0] += 1
 
 
 class _Stream:
-    """Streams and events of a device that runs every kernel at once: nothing to wait for."""
+    """A stream of a device that runs every kernel at once: nothing to wait for."""
 
     def __init__(self, *args, **kwargs):
         pass
@@ -22,10 +38,12 @@ class _Stream:
         pass
 
     def record_event(self, event=None):
-        return event or _Event()
+        event = event or _Event()
+        event.record()
+        return event
 
     def synchronize(self):
-        pass
+        host_waited()
 
     def query(self):
         return True
@@ -37,14 +55,36 @@ class _Stream:
         return False
 
 
-class _Event(_Stream):
+class _Event:
+    """A CUDA event's rules for timing (module docstring)."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess=False):
+        self.timing, self.recorded, self.finished = enable_timing, None, False
+
     def record(self, stream=None):
-        pass
+        self.recorded, self.finished = _WAITS[0], False
 
     def wait(self, stream=None):
         pass
 
-    def elapsed_time(self, other) -> float:
+    def query(self) -> bool:
+        self.finished = self.recorded is not None
+        return True
+
+    def synchronize(self):
+        self.finished = self.recorded is not None
+
+    def elapsed_time(self, end) -> float:
+        if not (self.timing and end.timing):
+            raise ValueError("Both events must be created with argument 'enable_timing=True'.")
+        if self.recorded is None or end.recorded is None:
+            raise ValueError("Both events must be recorded before calculating elapsed time.")
+        if not (end.finished or _WAITS[0] > end.recorded):
+            raise RuntimeError(
+                "CUDA error: device not ready (stand-in GPU: the end event may still be queued "
+                "behind the work it times when elapsed_time reads it; wait for it first: "
+                "end.synchronize(), or dist.synchronize(d.device))"
+            )
         return 0.0
 
 
@@ -95,7 +135,7 @@ class GpuModule:
         pass
 
     def synchronize(self, device=None):
-        pass
+        host_waited()
 
     def current_stream(self, device=None):
         return self._stream

@@ -13,6 +13,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from helpers.standin.cuda_rules import check_as_cuda, check_fork, check_generator, device_used
 from helpers.standin.functional import FUNCTIONAL, functional
+from helpers.standin.module import host_waited
 
 __all__ = ["DEVICE_TYPE", "DeviceTensor", "device", "run", "is_device_tensor", "register_kernels"]
 
@@ -65,6 +66,7 @@ class DeviceTensor(torch.Tensor):
         return text[:-1] + f", device='{DEVICE_TYPE}:0')"
 
     def tolist(self):
+        host_waited()
         return self.raw.tolist()
 
     def numpy(self, **_):
@@ -111,6 +113,10 @@ _COMPOSITE_FACTORIES = ("arange", "arange.start", "arange.start_step", "linspace
                         "triu_indices")  # fmt: skip
 
 
+# Copies that bring a device tensor's values to the host, which waits for the device first.
+_TO_HOST = {"aten::_to_copy", "aten::copy_"}
+
+
 # Ops that C++ code runs on device tensors with Python dispatch switched off (torch.tensor
 # (data, device=...) copies that way): they need kernels of their own, not the fallback.
 _BELOW_PYTHON = ("copy_", "fill_.Scalar", "zero_")
@@ -130,6 +136,8 @@ def run(func, args, kwargs):
         if name.endswith("resize"):
             target.resize_(src.shape)
         target.copy_(src)
+        if not is_device_tensor(dst) and not (len(args) > 2 and args[2]):
+            host_waited()  # a blocking copy to the host waits for the device
         return dst
     _check_same_device(name, flat)
     check_as_cuda(func, flat)
@@ -149,6 +157,10 @@ def run(func, args, kwargs):
         with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(PRIVATEUSE1)):
             return func(*args, **kwargs)
     out = func(*tree_map(_unwrap, args), **tree_map(_unwrap, kwargs))
+    if name == "aten::_local_scalar_dense" or (
+        name in _TO_HOST and not on_device and not kwargs.get("non_blocking")
+    ):
+        host_waited()  # .item(), .cpu(): the host waits for the device first
     if not on_device:
         return out
     same = {id(a.raw): a for a in flat if is_device_tensor(a)}  # in-place ops return self

@@ -251,3 +251,31 @@ def test_a_program_that_compares_its_device_with_cuda_is_refused_naming_the_line
     assert result["program_line"].startswith('program.py:6: pin = d.device.type == "cuda"')
     assert "ask helpers.devices" in result["error"].lower(), result["error"]
     assert "devices.is_gpu(d.device)" in result["error"]
+
+
+EVENTS = """
+import sys
+import torch
+from helpers import dist
+
+d = dist.init()
+x = torch.randn(64, 64, device=d.device)
+start, end = torch.gpu.Event(enable_timing=True), torch.gpu.Event(enable_timing=True)
+start.record()
+y = x @ x
+end.record()
+if sys.argv[1] == "synchronize":
+    dist.synchronize(d.device)
+ms = start.elapsed_time(end)
+"""
+
+
+def test_cuda_events_are_read_only_after_the_host_waited_for_them(tmp_path):
+    """CUDA raises "device not ready" when elapsed_time reads an end event still queued
+    behind the work it times; after dist.synchronize (or end.synchronize()) it answers."""
+    program = _program(tmp_path, EVENTS)
+    (early,) = run_ranks(program, ["no"], "strict", 1, timeout=120)
+    assert not early["ok"] and "CUDA error: device not ready" in early["error"], early
+    assert early["program_line"] == "program.py:14: ms = start.elapsed_time(end)"
+    (waited,) = run_ranks(program, ["synchronize"], "strict", 1, timeout=120)
+    assert waited["ok"], waited.get("error")

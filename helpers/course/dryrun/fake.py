@@ -50,12 +50,14 @@ from torch.utils.weak import WeakIdKeyDictionary
 from helpers.course.dryrun.patches import ORIGINAL_SWAP, patch_for_fake_run
 from helpers.standin import DEVICE_TYPE
 from helpers.standin.cuda_rules import check_as_cuda, check_fork, check_generator
+from helpers.standin.module import host_waited
 
 __all__ = ["FakeRank", "StopDryRun", "SMALL", "MILESTONES"]
 
 SMALL = 1 << 20  # host tensors up to 1 MiB stay real
 MILESTONES = ("started", "forward", "backward", "step")
 _DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException)
+_TO_HOST = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten._to_copy.default)
 
 
 class StopDryRun(BaseException):
@@ -167,15 +169,17 @@ class FakeRank(TorchDispatchMode):
         fake_in = any(_has_fake(t) for t in tensors)
         for t in tensors:  # made before the mode, or without an op (numpy's): held all the same
             self.storages.see(t)
-        if func is torch.ops.aten._local_scalar_dense.default and fake_in:
-            return _stand_in(args[0])
         device = kwargs.get("device")
         to_device = device is not None and torch.device(device).type != "cpu"
         on_gpu = (device is not None and torch.device(device).type == DEVICE_TYPE) or any(
             t.device.type == DEVICE_TYPE for t in tensors)  # fmt: skip
         if on_gpu:
             check_fork()  # a DataLoader worker's fetch (patches.py plays it in this process)
+            if func in _TO_HOST and (device is None or torch.device(device).type == "cpu"):
+                host_waited()  # .item(), .cpu(): the host waits for the device (its events)
         check_generator(flat, on_gpu)
+        if func is torch.ops.aten._local_scalar_dense.default and fake_in:
+            return _stand_in(args[0])
         if func._schema.name.startswith("c10d::"):
             # through the "dryrun" process group, not fake mode's stub: the group's Work
             # carries the tensors in its future, which DDP's reducer reads
