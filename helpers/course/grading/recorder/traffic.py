@@ -293,7 +293,8 @@ def spawn_p2p(fn, world_size: int, args=(), timeout: float = 15) -> list:
         raise AssertionError(
             f"the ranks did not finish in {timeout:g} s: a deadlock. If every rank calls the "
             "blocking tdist.send before its tdist.recv, each one waits for its neighbour to "
-            "receive while that neighbour is itself stuck sending. Post the send with "
-            "tdist.isend, then recv, then wait on the send (or let even ranks send first "
-            "and odd ranks receive first)."
+            "receive while that neighbour is itself stuck sending. Post each step's send and "
+            "receive as one tdist.batch_isend_irecv([tdist.P2POp(tdist.isend, ...), "
+            "tdist.P2POp(tdist.irecv, ...)]) and wait on its requests, or let even ranks send "
+            "first and odd ranks receive first (an isend then a recv hangs on 2 GPUs: NCCL's rule)."
         ) from None
