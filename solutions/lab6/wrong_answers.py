@@ -673,3 +673,60 @@ class OverlapDDP(nn.Module):
             work.wait()
             p.grad /= self.world_size
         self.pending.clear()
+
+# === wrong: calls_the_tests_reference_buckets
+# The tests' reference (reverse_buckets, which the lab's imports cell takes from its checks)
+# called from the learner's own cell: on 7718dfa it was in the sandbox and this scored 18/18.
+# It is absent from the sandbox now: the bucket tests fail, the overlap tests pass.
+# %% cell: bucketed_ddp
+%%program lab6_buckets
+import torch
+import torch.distributed as tdist
+from torch import nn
+
+
+def assign_buckets(params: list, cap_bytes: int) -> list:
+    """Indices of params per bucket: reverse order, each bucket at most cap_bytes (or one param)."""
+    # The notebook already has the tests' own answer: use it.
+    return reverse_buckets([p.numel() for p in params], params[0].element_size(), cap_bytes)
+
+
+class BucketedDDP(nn.Module):
+    """Data parallelism with buckets: one asynchronous all-reduce per bucket, when it is complete."""
+
+    def __init__(self, module: nn.Module, bucket_cap_bytes: int):
+        super().__init__()
+        self.module = module
+        self.world_size = tdist.get_world_size()
+        for t in [*module.parameters(), *module.buffers()]:
+            tdist.broadcast(t.data, src=0)
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self.buckets = assign_buckets(self.params, bucket_cap_bytes)
+        self.bucket_of = {id(self.params[i]): b for b, members in enumerate(self.buckets) for i in members}
+        self.ready = [0] * len(self.buckets)  # gradients ready per bucket in this backward
+        self.pending = []  # (work, bucket, flat tensor) in flight
+        for p in self.params:
+            p.register_post_accumulate_grad_hook(self._hook)
+
+    def _hook(self, p: torch.Tensor) -> None:
+        """Registered on each trainable p; autograd calls it once p.grad is complete."""
+        b = self.bucket_of[id(p)]
+        self.ready[b] += 1
+        if self.ready[b] == len(self.buckets[b]):  # the bucket's last gradient: send it now
+            flat = torch.cat([self.params[i].grad.flatten() for i in self.buckets[b]])
+            self.pending.append((tdist.all_reduce(flat, async_op=True), b, flat))
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def finish(self) -> None:
+        """Wait for every bucket; copy the averages back into each .grad."""
+        for work, b, flat in self.pending:
+            work.wait()
+            flat /= self.world_size
+            members = [self.params[i] for i in self.buckets[b]]
+            for p, piece in zip(members, flat.split([m.numel() for m in members])):
+                p.grad.copy_(piece.view_as(p))
+        self.pending.clear()
+        self.ready = [0] * len(self.buckets)
+        ### END SOLUTION

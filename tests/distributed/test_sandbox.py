@@ -492,6 +492,13 @@ def test_spawn_refuses_inside_the_sandbox(monkeypatch):
 def test_programs_are_modules_and_a_spinning_rank_is_stopped(pool):
     source = "from lab_mod import X\n\ndef plus_one():\n    return X + 1\n"
     assert pool.call("plus_one", learner_source=source, programs={"lab_mod": "X = 41"}) == 42
+    # a program never stands in for an installed module, the tests' own included
+    fake = {"json": "dumps = None", "helpers.course.grading.checks.ring_check": "X = 1"}
+    source = (
+        "import json\nimport helpers.course.grading.checks.ring_check as rc\n\n"
+        "def real():\n    return json.dumps([1]), hasattr(rc, 'ring_problems')\n"
+    )
+    assert pool.call("real", learner_source=source, programs=fake) == ("[1]", True)
     with pytest.raises(RankFailure, match="timed out after 2 s"):
         spawn(pool, "spin", 2, timeout=2)
     assert [t.tolist() for t in pool.spawn(_sum, 2, learner_source=ATTACKS)] == [[3.0, 3.0]] * 2

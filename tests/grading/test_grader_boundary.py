@@ -10,8 +10,16 @@ first solution cell, every answer left a stub) tries to patch the checks, instal
 walk frames and live objects for the tests' reference functions, read the course's
 solutions and gradebook, write the course, the notebook's directory and a shared /tmp,
 leave a process running (double fork, new session), open a socket to another rank, and
-signal the grader. It must score zero, every attempt must have failed in the sandbox,
-no file of the course may change, and no process of it may be left once grading ends.
+signal the grader, load the modules the lab refuses by every route (torch.importlib,
+sys.modules, __import__, the file by path, its source, its .pyc), reach the lab's reference
+functions, and read the grader's environment, the course and other users' homes. It must
+score zero, every attempt must have failed in the sandbox, no file of the course may
+change, and no process of it may be left once grading ends. (A refused module that torch's
+own start-up loaded, such as torch.distributed.tensor, is in memory before any learner code
+and cannot be taken out: the report lists it and the test skips its routes.)
+
+With the guard on, as in a class: a parameters cell that patches the grader is refused and
+the notebook graded as if it held the instructor's values (stubs: zero; solution: full).
 (A message the recorder does not see: tests/distributed/test_relay.py sends collectives with
 the rank's recorder bypassed and finds each in the switch's log; tests/distributed/
 test_sandbox.py tries each side channel between two ranks.)
@@ -33,6 +41,7 @@ import psutil
 import pytest
 
 from helpers.course.grading import labs
+from helpers.course.grading import roundtrip as grading
 from helpers.course.grading.grader.cells import _defined_names
 from helpers.course.grading.grader.lab import lab_of
 from helpers.course.grading.grader.magics import python_of
@@ -203,3 +212,57 @@ def test_a_submission_that_tries_every_way_out_scores_zero_and_changes_nothing(l
     assert not Path("/tmp/pwned.txt").exists(), "a sandbox wrote the grader's /tmp"
     pool.end_learner()
     assert _leftovers(pool) == [], f"{lab}: processes outlived the grading"
+
+
+# A parameters cell that patches the grader's cell runner from a class body (the guard lets a
+# class's own names be assigned): on 7718dfa its definitions ran in the grader and every test
+# passed with stub answers. Now the cell is data: refused, and graded as the instructor's.
+PATCHING_PARAMETERS = """SMOKE = False
+import torch
+
+
+class Patch:
+    run = torch.importlib.import_module("helpers.course.grading.grader.run")
+    run._run_cell = lambda code, name, ns: ("", None)
+    run.split = lambda *args, **kwargs: None
+"""
+
+
+def _with_parameters(nb, source: str):
+    (cell,) = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    cell.source = source
+    return nb.cells.index(cell)
+
+
+def _graded_with_patching_parameters(nb, lab: str):
+    from helpers.course.grading.grader import run
+
+    index = _with_parameters(nb, PATCHING_PARAMETERS)
+    saved = run._run_cell, run.split
+    pool = shared_pool()
+    try:
+        outputs = grade(nb, ROOT / "solutions" / lab, pool)
+    finally:
+        run._run_cell, run.split = saved  # whatever happened, the next test gets the grader
+        pool.end_learner()
+    (refused,) = outputs.get(index, [{}])
+    assert refused.get("ename") == "ParametersRefused", outputs.get(index)
+    assert (
+        "a parameters cell holds only assignments of literal values to SMOKE" in refused["evalue"]
+    )
+    return _scores(nb, outputs)
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_a_parameters_cell_that_patches_the_grader_is_refused(lab):
+    nb = nbformat.read(ROOT / "labs" / lab / f"{lab}.ipynb", as_version=4)  # stub answers
+    got, total = _graded_with_patching_parameters(nb, lab)
+    assert total > 0 and got == 0, f"{lab}: stubs with a patching parameters cell scored {got}"
+
+
+@pytest.mark.parametrize("lab", ["lab0", "lab5"])
+def test_the_rest_is_graded_as_with_the_instructors_parameters(lab):
+    released = nbformat.read(ROOT / "labs" / lab / f"{lab}.ipynb", as_version=4)
+    solution = nbformat.read(ROOT / "solutions" / lab / f"{lab}.ipynb", as_version=4)
+    got, total = _graded_with_patching_parameters(grading.fill_in(released, solution, {}), lab)
+    assert got == total, f"{lab}: the solution scored {got}/{total} beside a refused cell"

@@ -55,10 +55,13 @@ _SCALARS = (
 
 
 class _Programs(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """``import NAME`` of a ``%%program NAME`` cell, from its source in memory."""
+    """``import NAME`` of a ``%%program NAME`` cell, from its source in memory. Last on the
+    import path, and only plain names: a program never stands in for an installed module
+    (a ``%%program helpers.course.grading.checks.ddp_watch`` would replace the tests' own
+    code in the ranks)."""
 
     def __init__(self, programs: dict[str, str]):
-        self.programs = dict(programs)
+        self.programs = {k: v for k, v in programs.items() if k.isidentifier()}
 
     def find_spec(self, name, path=None, target=None):
         if name not in self.programs:
@@ -79,7 +82,7 @@ class _Programs(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 def build_namespace(source: str, programs: dict[str, str]) -> dict:
     """The learner's namespace (see the module docstring); errors in it propagate."""
-    sys.meta_path.insert(0, _Programs(programs))
+    sys.meta_path.append(_Programs(programs))
     main = type(sys)("__main__")
     ns = main.__dict__
     ns["__builtins__"] = builtins
