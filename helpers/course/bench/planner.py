@@ -98,11 +98,24 @@ def hook_counted(cfg: BenchConfig) -> dict:
 
 
 def _rank(d, cfg: BenchConfig, trials: tuple[Trial, ...]) -> dict:
+    from helpers.launch import cores
+
     torch.set_num_threads(1)
     args, meshes = model_args(cfg), {}
     runs = [layouts.LayoutRun(d, t, args, cfg.batch, cfg.seq_len, meshes) for t in trials]
     probes = layouts.Probes(d, args, cfg.seq_len)
     times, calib = [[] for _ in runs], []
+    with cores.clock() as clock:  # the cores this rank had during the timed rounds
+        _rounds(cfg, runs, probes, times, calib)
+    peaks = []
+    for run in runs:
+        resident = run.resident_bytes()
+        tdist.barrier()
+        peaks.append(resident + layouts.allocator_peak(run.step)[0])
+    return {"times": times, "peaks": peaks, "probes": calib, "reading": clock.reading}
+
+
+def _rounds(cfg: BenchConfig, runs, probes, times: list, calib: list) -> None:
     for r in range(cfg.rounds + 1):
         got = probes.measure()
         for i, run in enumerate(runs):
@@ -113,12 +126,6 @@ def _rank(d, cfg: BenchConfig, trials: tuple[Trial, ...]) -> dict:
                 times[i].append(time.perf_counter() - t0)
         if r:
             calib.append(got)
-    peaks = []
-    for run in runs:
-        resident = run.resident_bytes()
-        tdist.barrier()
-        peaks.append(resident + layouts.allocator_peak(run.step)[0])
-    return {"times": times, "peaks": peaks, "probes": calib}
 
 
 def measure(cfg: BenchConfig, trials: tuple[Trial, ...] = TRIALS) -> dict:
@@ -130,10 +137,11 @@ def measure(cfg: BenchConfig, trials: tuple[Trial, ...] = TRIALS) -> dict:
     probes = [{k: max(r["probes"][j][k] for r in per_rank) for k in per_rank[0]["probes"][j]}
               for j in range(cfg.rounds)]  # fmt: skip
     peaks = [max(r["peaks"][i] for r in per_rank) for i in range(len(trials))]
-    return {"rounds": rounds, "peaks": peaks, "probes": probes}
+    return {"rounds": rounds, "peaks": peaks, "probes": probes,
+            "readings": [r["reading"] for r in per_rank]}  # fmt: skip
 
 
-def cores(cfg: BenchConfig) -> int:
+def cores_of(cfg: BenchConfig) -> int:
     import os
 
     return cfg.cores or len(os.sched_getaffinity(0))
@@ -145,7 +153,7 @@ def validate(cfg: BenchConfig, trials: tuple[Trial, ...] = TRIALS) -> dict:
     got = measure(cfg, trials)
     w = workload(cfg)
     clusters = plancheck.machines(got["probes"], w, PROBE_ROWS, PROBE_BYTES, cfg.world,
-                                  cores(cfg))  # fmt: skip
+                                  cores_of(cfg))  # fmt: skip
 
     def predict(t: Trial, c: planner.Cluster) -> planner.Layout:
         return planner.evaluate(w, c, cfg.batch, t.dp, t.tp, t.pp, zero=t.zero,
@@ -173,7 +181,15 @@ def validate(cfg: BenchConfig, trials: tuple[Trial, ...] = TRIALS) -> dict:
         "predicted": predicted,
         "activations": hook_counted(cfg),
         "errors": plancheck.errors(rows, pairs),
+        "premise": _premise(got["readings"], cfg),
     }
+
+
+def _premise(readings, cfg: BenchConfig):
+    """Whether the ranks had the cores the check assumes (the measured rates are per core)."""
+    from helpers.launch import cores
+
+    return cores.premise(readings, cores=cores_of(cfg))
 
 
 def main(argv: list[str] | None = None) -> None:
