@@ -9,10 +9,10 @@ Two modes, chosen by ``$WORKBOOK_DEVICE_CHECK`` and set up by ``helpers.dist.ini
             (``No backend type associated with device type cpu``), and an operation that
             mixes a device tensor with a host tensor that is not a 0-d scalar fails as CUDA
             does (``Expected all tensors to be on the same device``). The group also keeps
-            NCCL's order (``helpers.standin.ordering``, ``nccl_order``): operations between
-            two ranks complete in the order each side posted them, a send only against its
+            NCCL's order (``helpers.standin.ordering``, ``nccl_order``): a rank's operations
+            in a group complete in the order it posted them, a send only against its
             receive, a ``batch_isend_irecv`` as one group; a program that would hang on
-            NCCL (2 ranks, each ``isend`` then ``recv``) fails within a second, naming each
+            NCCL (each rank ``isend`` then ``recv``) fails within a second, naming each
             rank's line and the fix, and every collective is compared across the ranks
             (kind, order, shapes, dtypes): a mismatch or a skipped call fails naming both
             ranks' lines, not at a timeout.

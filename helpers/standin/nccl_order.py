@@ -2,39 +2,48 @@
 
 What NCCL (and torch's ProcessGroupNCCL on top of it) does, and gloo on CPU ranks does not:
 
-* **point-to-point, one stream per pair.** An unbatched ``send``/``isend``/``recv``/``irecv``
-  between ranks a and b runs on a stream of that pair, on each side, in the order the side
-  posted it: a later operation with the same peer starts only when the earlier one is done;
+* **one stream per group.** A rank's operations in a process group run on one stream, in the
+  order the rank posted them: a later one starts only when the earlier one is done. torch
+  does this for collectives, for batches, and for unbatched ``send``/``isend``/``recv``/
+  ``irecv`` too when the group is bound to a device ("In eager initialization mode, unbatched
+  P2P ops are treated as independent collective ops, and are thus serialized with all other
+  ops on this ProcessGroup, including other P2P ops", torch 2.14's warning), as
+  ``helpers.dist.init`` binds it (``device_id``). A group made without a device keeps a
+  communicator, and a stream, per pair of ranks for its unbatched messages instead
+  (``Model(eager=False)``);
 * **rendezvous.** A send completes only when the matching receive runs (NCCL may block a
   send until the receive is posted, whatever its size: NVIDIA/nccl#479). The k-th send from
   a to b matches the k-th receive on b from a; tags are not looked at;
 * **a batch is one group.** ``batch_isend_irecv`` posts its operations together (NCCL's
-  ``ncclGroupStart/End``) on the group's own stream: they progress together, in any order
-  among themselves, and match only operations posted in a batch on the other side;
-* **collectives** run on the group's stream too, and complete when every rank has started
-  the same one (the n-th collective of each rank);
+  ``ncclGroupStart/End``): they progress together, in any order among themselves, and match
+  only operations posted in a batch on the other side;
+* **collectives** complete when every rank has started the same one (the n-th collective of
+  each rank);
 * **waiting** on an operation (a blocking ``send``/``recv``, ``work.wait()``) makes every
   operation the rank posts afterwards wait for it.
 
 So on 2 ranks, ``isend`` to the peer then ``recv`` from it, on both ranks, hangs: each
-rank's receive is queued behind its own send, which waits for the other's receive. Gloo
-buffers the send and lets the same program pass.
+rank's receive is queued behind its own send, which waits for the other's receive. On a
+group bound to a device the same ring step hangs on any number of ranks (each rank's receive
+from the left waits behind its send to the right, round the ring). Gloo lets an ``isend`` go
+out before its receive is posted and lets the same program pass.
 
 ``Model`` takes each rank's operations as they are posted (``Op``) and says which ones can
 never complete (a cycle of waits), and, once every rank is stuck, which ones are waiting
-for something no rank will post. ``p2p_problems`` runs it on complete logs (the lab graders'
-recorded traffic). Nothing here imports torch.
+for something no rank will post; ``nccl_explain`` says why in sentences, and runs it on
+complete logs (the lab graders' recorded traffic). Nothing here imports torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["Op", "Model", "RULE", "FIX", "p2p_problems", "describe"]
+__all__ = ["Op", "Model", "RULE", "FIX", "describe"]
 
 RULE = (
-    "on NCCL, the operations between two ranks run in the order each side posted them, and "
-    "a send completes only when the matching receive runs (whatever its size)"
+    "on NCCL, a rank's operations in a group run in the order it posted them (one stream per "
+    "group, sends and receives included, for a group bound to its GPU as helpers.dist.init "
+    "binds it), and a send completes only when the matching receive runs, whatever its size"
 )
 FIX = (
     "post each step's send and receive as ONE tdist.batch_isend_irecv([tdist.P2POp(tdist.isend, "
@@ -83,8 +92,8 @@ class _Item:
 class Model:
     """Every rank's operations in one group, and which of them NCCL would complete."""
 
-    def __init__(self, world: int):
-        self.world = world
+    def __init__(self, world: int, eager: bool = True):
+        self.world, self.eager = world, eager  # eager: the group is bound to a device
         self.items: dict[tuple[int, int], _Item] = {}
         self.item_of: dict[tuple[int, int], tuple[int, int]] = {}  # (rank, op index) -> item
         self.pending: list[tuple[int, int]] = []
@@ -109,12 +118,8 @@ class Model:
             item = self.item_of.get((r, index))
             if item is not None and item not in self.done:
                 self._waited[r][item] = index
-        if op.kind == "coll":
-            stream = ("group",)
-        elif op.batch is not None:
-            stream = ("group",)
-        else:
-            stream = ("pair", op.peer)
+        unbatched = op.kind != "coll" and op.batch is None
+        stream = ("pair", op.peer) if unbatched and not self.eager else ("group",)
         last = self.items.get(self._last[r].get(stream))
         if op.batch is not None and last is not None and last.ops[0].batch == op.batch:
             last.ops.append(op)  # the same batch_isend_irecv: one group
@@ -228,83 +233,6 @@ class Model:
         started, done = set(self.started), set(self.done)
         return self._run(started, done, hopeful=True)
 
-    # -- explaining --------------------------------------------------------------------
-    def why(self, key: tuple[int, int], final: bool = False) -> str:
-        """The chain of waits that holds ``key``, as sentences: to its cycle, or to what is
-        missing (``final``: nothing more will be posted)."""
-        started, done = set(self.started), set(self.done)
-        self._run(started, done, hopeful=not final)
-        lines, seen = [], []
-        while key not in seen:
-            seen.append(key)
-            item = self.items[key]
-            if key not in started:
-                blocker, reason = next((d, why) for d, why in item.deps.items() if d not in done)
-                first = self.items[blocker].ops[0]
-                if reason == "stream":
-                    how = ("on the same pair of ranks" if item.stream[0] == "pair"
-                           else "on the group's stream")  # fmt: skip
-                    lines.append(f"{_name(item)} was posted after {describe(first)} {how}, "
-                                 "so it starts only when that one is done")  # fmt: skip
-                else:
-                    lines.append(f"{_name(item)} was posted after the rank waited for "
-                                 f"{describe(first)}")  # fmt: skip
-                key = blocker
-                continue
-            gap = self._gap(item, started)
-            if gap is None:
-                break
-            text, blocker = gap
-            lines.append(text)
-            if blocker is None:
-                break
-            key = blocker
-        return ";\n  ".join(lines)
-
-    def _gap(self, item: _Item, started: set):
-        """(sentence, the item it waits for or None) for a started item that is not done."""
-        if item.ops[0].kind == "coll":
-            op = item.ops[0]
-            for q, other in enumerate(self.coll_peers(op)):
-                if other is None:
-                    return (f"{describe(op)} waits for rank {q}, which has not called it "
-                            f"(rank {q} posted {len(self.colls[q])} collectives on this group, "
-                            f"rank {op.rank} {len(self.colls[op.rank])})", None)  # fmt: skip
-                key = self.item_of[other.rank, other.index]
-                if key not in started:
-                    return f"{describe(op)} waits for {describe(other)} to start", key
-            return None
-        for op in item.ops:
-            match = self.partner(op)
-            if match is None:
-                return (f"{describe(op)} waits for rank {op.peer} to post the matching "
-                        f"{'receive' if op.kind == 'send' else 'send'}{self._elsewhere(op)}",
-                        None)  # fmt: skip
-            key = self.item_of[match.rank, match.index]
-            if key not in started:
-                verb = "cannot complete until" if op.kind == "send" else "waits until"
-                return f"{describe(op)} {verb} {describe(match)} runs", key
-        return None
-
-    def _elsewhere(self, op: Op) -> str:
-        """A hint when the peer posted the match the other way (batched against unbatched)."""
-        src, dst = (op.rank, op.peer) if op.kind == "send" else (op.peer, op.rank)
-        other_kind = "recv" if op.kind == "send" else "send"
-        if self._line(src, dst, op.batch is None, other_kind):
-            return (" (rank {} posted it {} a batch_isend_irecv: NCCL matches a batch's "
-                    "operations only with batched ones; post both sides the same way)").format(
-                op.peer, "outside" if op.batch is not None else "in")  # fmt: skip
-        return ""
-
-
-def _name(item: _Item) -> str:
-    if len(item.ops) > 1:
-        parts = ", ".join(f"{o.name or o.kind} {'to' if o.kind == 'send' else 'from'} {o.peer}"
-                          for o in item.ops)  # fmt: skip
-        at = f" ({item.ops[0].at})" if item.ops[0].at else ""
-        return f"rank {item.key[0]}'s batch_isend_irecv [{parts}]{at}"
-    return describe(item.ops[0])
-
 
 def _coll_mismatch(colls: list[list[Op]], c: int, a: Op, b: Op) -> str:
     first, second = sorted((a, b), key=lambda o: o.rank)
@@ -322,18 +250,3 @@ def _coll_mismatch(colls: list[list[Op]], c: int, a: Op, b: Op) -> str:
         history.append(f"rank {op.rank}: {calls}")
     return (text + ". Another collective in its place: did one rank skip a call? The last "
             "collectives of each:\n  " + "\n  ".join(history))  # fmt: skip
-
-
-def p2p_problems(logs: list[list[Op]]) -> list[str]:
-    """Why these complete logs (one per rank, in order) would hang on NCCL ([] if they would not)."""
-    model = Model(len(logs))
-    for log in logs:
-        for op in log:
-            model.add(op)
-    model.update()
-    problems = list(model.problems)
-    stuck = model.stuck() or model.pending  # complete logs: what is pending now stays pending
-    if stuck:
-        problems.append(f"{RULE}; so on GPUs this hangs:\n  {model.why(stuck[0], final=True)}."
-                        f"\nFix: {FIX}")  # fmt: skip
-    return problems

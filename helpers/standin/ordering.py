@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 import torch.distributed as tdist
 
+from helpers.standin.nccl_explain import why
 from helpers.standin.nccl_order import FIX, RULE, Model, Op, describe
 
 __all__ = ["OpLog", "GroupCheck", "CheckedWork", "WouldHang", "call_site", "end_all"]
@@ -224,7 +225,7 @@ class GroupCheck(OpLog):
         mine = self.model.item_of[self.rank, index]
         first = mine if mine in stuck else stuck[0]
         raise WouldHang(f"stand-in GPU: {RULE}; so on GPUs this hangs:\n  "
-                        f"{self.model.why(first)}.\nFix: {FIX}")  # fmt: skip
+                        f"{why(self.model, first)}.\nFix: {FIX}")  # fmt: skip
 
     def _markers(self) -> dict[int, str] | None:
         """Every other rank's 'count:what it waits for' (or 'count:end'), or None if one runs."""
@@ -258,7 +259,7 @@ class GroupCheck(OpLog):
                 continue
             if self.model.is_done(q, int(waits[q])):
                 return  # that rank can go on: it will see so itself
-            lines.append(self.model.why(self.model.item_of[q, int(waits[q])], final=True))
+            lines.append(why(self.model, self.model.item_of[q, int(waits[q])], final=True))
         raise WouldHang("stand-in GPU: every rank waits for something no rank will post "
                         "(on NCCL: a hang until the watchdog's timeout):\n  "
                         + ";\n  ".join(lines) + ".")  # fmt: skip

@@ -139,9 +139,9 @@ import torch.distributed as tdist
 def ring_all_reduce_(d, tensor: torch.Tensor) -> None:
     # The right ring, posted as two calls: isend to the right, then a blocking recv from the
     # left (this lab's solution before issue 39). Gloo lets it pass on every number of ranks;
-    # on 2 GPUs, where right == left, NCCL queues each rank's recv behind its own send, which
-    # waits for the other rank's recv: a hang. The 2-rank tests refuse it with NCCL's rule,
-    # the 3- and 4-rank ones pass it.
+    # on GPUs NCCL runs a rank's sends and receives in the order it posted them, so each
+    # rank's recv waits behind its own send, which waits for its neighbour's recv: a hang. The
+    # ring tests refuse it with NCCL's rule; Part 1 scores.
     n, r = d.world_size, d.rank
     right, left = (r + 1) % n, (r - 1) % n
     chunks = torch.tensor_split(tensor.view(-1), n)

@@ -363,8 +363,7 @@ def test_a_ring_that_hangs_nccl_fails_at_its_full_size(runs, tmp_path):
     """On 4 GPUs a ring whose every rank sends (blocking) before it receives hangs: each
     rank's recv waits for its own send, which waits for its neighbour's recv. The dry run
     sees only ranks 0 and 3 of the job, finds them doing the same, and runs NCCL's model on
-    all 4 (an isend-then-recv ring, which runs on 4 GPUs and hangs on 2, passes that check:
-    tests/distributed/test_standin_order.py refuses it on 2 ranks)."""
+    all 4 (tests/distributed/test_standin_order.py refuses isend-then-recv on 2 real ranks)."""
     program = tmp_path / "ring.py"
     program.write_text(RING_JOB)
     Job("ring", program, nodes=1, gpus_per_node=4, profile="engaging", values={"env": "x"},

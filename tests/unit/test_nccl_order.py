@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from helpers.course.grading.checks.ring_check import nccl_order_problems
 from helpers.course.grading.recorder.traffic import Message, Traffic
-from helpers.standin.nccl_order import Op, p2p_problems
+from helpers.standin.nccl_explain import p2p_problems
+from helpers.standin.nccl_order import Op
 
 
 def _log(rank: int, calls) -> list[Op]:
@@ -35,7 +36,8 @@ def test_two_ranks_each_isend_then_recv_hang_and_the_cycle_is_named():
 
 def test_what_nccl_runs_passes():
     assert p2p_problems(_ring(2, "isend", "irecv", batch=True)) == []  # one batch
-    assert p2p_problems(_ring(3, "isend", "recv")) == []  # 3 ranks: two pairs, two streams
+    # a group made without a device: a stream per pair, and 3 ranks' two calls go to 2 pairs
+    assert p2p_problems(_ring(3, "isend", "recv"), eager=False) == []
     parity = [_log(0, [("send", 1, None), ("recv", 1, None)]),
               _log(1, [("recv", 0, None), ("send", 0, None)])]  # fmt: skip
     assert p2p_problems(parity) == []
@@ -43,8 +45,10 @@ def test_what_nccl_runs_passes():
 
 def test_what_nccl_hangs_on_fails():
     assert p2p_problems(_ring(2, "isend", "irecv"))  # unbatched, even with both non-blocking
+    # bound to a device (helpers.dist.init): one stream per group, and the ring hangs on 3
+    assert "on the group's one stream" in p2p_problems(_ring(3, "isend", "recv"))[0]
     blocking = p2p_problems(_ring(3, "send", "recv"))  # every rank's recv waits for its send
-    assert blocking and "after the rank waited for rank 1's send to 2" in blocking[0]
+    assert blocking and "rank 1's recv from 0 (p.py:2) was posted after rank 1's send to 2" in blocking[0]
     mixed = [
         _log(0, [("isend", 1, 0), ("irecv", 1, 0)]),
         _log(1, [("isend", 0, None), ("recv", 0, None)]),
@@ -74,12 +78,11 @@ def test_lab_1s_check_refuses_the_unsafe_ring_and_accepts_the_safe_ones():
     unsafe = [_traffic(("isend", 1), ("recv", 1)), _traffic(("isend", 0), ("recv", 0))]
     (problem,) = nccl_order_problems(unsafe)
     assert "rank 0's isend to 1 (its message #1) cannot complete until rank 1's recv" in problem
+    assert nccl_order_problems([_traffic(("isend", (r + 1) % 3), ("recv", (r - 1) % 3))
+                                for r in range(3)])  # fmt: skip
     batched = [_traffic(("isend", 1), ("irecv", 1)), _traffic(("isend", 0), ("irecv", 0))]
     parity = [_traffic(("send", 1), ("recv", 1)), _traffic(("recv", 0), ("send", 0))]
-    three = [_traffic(("isend", (r + 1) % 3), ("recv", (r - 1) % 3)) for r in range(3)]
-    assert (
-        nccl_order_problems(batched)
-        == nccl_order_problems(parity)
-        == nccl_order_problems(three)
-        == []
-    )
+    parity3 = [_traffic(("send", 1), ("recv", 2)), _traffic(("recv", 0), ("send", 2)),
+               _traffic(("send", 0), ("recv", 1))]  # fmt: skip
+    assert nccl_order_problems(batched) == nccl_order_problems(parity) == []
+    assert nccl_order_problems(parity3) == []

@@ -13,7 +13,8 @@ never sees the other ranks' operations. It checks what it can (``helpers.standin
 
 from __future__ import annotations
 
-from helpers.standin.nccl_order import Op, p2p_problems
+from helpers.standin.nccl_explain import p2p_problems
+from helpers.standin.nccl_order import Op
 
 __all__ = ["order_problem"]
 

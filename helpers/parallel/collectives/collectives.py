@@ -22,11 +22,12 @@ the cost model of ``helpers.parallel.collectives.costmodel``.
 
 In each step a rank posts its send to the right and its receive from the left as ONE
 batch (``batch_isend_irecv``), so they run together, as the cost model assumes. Two
-separate calls would hang on GPUs: NCCL runs the operations between two ranks in the order
-each side posted them, and a send completes only when the matching receive runs; on 2
-ranks (right == left) an ``isend`` then a ``recv`` on both ranks queues each receive behind
-its own rank's send, which waits for the other's receive. Gloo buffers the send, so on
-CPU ranks both pass (notebook 02 shows the hang on the stand-in GPU, ``helpers.standin``).
+separate calls would hang on GPUs: NCCL runs a rank's operations in a group in the order it
+posted them (sends and receives on one stream, since ``helpers.dist.init`` binds the group
+to its GPU), and a send completes only when the matching receive runs; an ``isend`` then a
+``recv`` on every rank queues each receive behind its own rank's send, which waits for its
+neighbour's receive, round the ring. Gloo lets the ``isend`` go out first, so on CPU ranks
+both pass (notebook 02 shows the hang on the stand-in GPU, ``helpers.standin``).
 The parameter server and the ping-pong pair each send with the receive the peer has
 already posted (one side sends while the other receives), which NCCL completes.
 """
@@ -76,9 +77,8 @@ def _exchange(send: torch.Tensor, dst: int, recv: torch.Tensor, src: int) -> Non
     """Send one chunk to ``dst`` while receiving one from ``src``: ONE batch, then wait.
 
     A batch posts both together, and NCCL runs them together, in any order; posted as two
-    calls (``isend``, then ``recv``) they hang on 2 GPUs, where ``dst == src``: each rank's
-    receive waits behind its own send, which waits for the other rank's receive (module
-    docstring). Both ends compute chunk sizes from the same numel, so they agree on which
+    calls (``isend``, then ``recv``) they hang on GPUs: each rank's receive waits behind its
+    own send, which waits for its neighbour's receive (module docstring). Both ends compute chunk sizes from the same numel, so they agree on which
     chunks are empty and leave them out.
     """
     ops = [tdist.P2POp(tdist.isend, send, dst)] if send.numel() else []

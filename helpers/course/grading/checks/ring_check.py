@@ -5,11 +5,11 @@ in words a learner can act on, why it is not a ring: messages to or from the
 wrong neighbour, too many elements sent, or too few received.
 
 ``nccl_order_problems`` reads every rank's, in the order each posted its messages, and says
-whether NCCL could run them (``helpers.standin.nccl_order``): on GPUs the messages between
-two ranks run in the order each side posted them and a send completes only when the
-matching receive runs, so on 2 ranks an ``isend`` then a ``recv`` on both ranks hangs,
-while gloo, under the tests, lets it pass. Every NCCL-safe ring passes: a
-``batch_isend_irecv`` per step, or sends and receives ordered by rank parity.
+whether NCCL could run them (``helpers.standin.nccl_order``): on GPUs a rank's operations in
+a group run in the order it posted them and a send completes only when the matching
+receive runs, so an ``isend`` then a ``recv`` on every rank hangs, while gloo, under the
+tests, lets it pass. Every NCCL-safe ring passes: a ``batch_isend_irecv`` per step, or
+sends and receives ordered by rank parity.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from __future__ import annotations
 import math
 
 from helpers.course.grading.recorder.traffic import Traffic
-from helpers.standin.nccl_order import Op, p2p_problems
+from helpers.standin.nccl_explain import p2p_problems
+from helpers.standin.nccl_order import Op
 
 __all__ = ["ring_problems", "ring_send_bound", "nccl_order_problems"]
 
