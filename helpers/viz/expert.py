@@ -33,21 +33,27 @@ def plot_load(loads: dict, cap: int | None, measured_on: str | None, title: str,
     return fig
 
 
-def plot_balance(runs: dict, measured_on: str):
-    """Left: the busiest expert's load over the mean, per step; right: the task loss, per step.
-    runs: {name: [RunResult per seed]} (one line per seed)."""
+def plot_balance(runs: dict, measured_on: str, window: int = 10):
+    """Left: the busiest expert's load over the mean; right: the task loss; per step, each a
+    moving average over ``window`` steps, the mean over the seeds as a line and their range as a
+    band. runs: {name: [RunResult per seed]}."""
+    import numpy as np
+
     fig, (ax_i, ax_l) = new_figure("balancing: load of the busiest expert, and the task loss",
                                    measured_on, ncols=2)  # fmt: skip
     colours = ["0.3", "tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple"]
+    kernel = np.ones(window) / window
     for (name, results), colour in zip(runs.items(), colours, strict=False):
-        for i, r in enumerate(results):
-            ratio = [max(s) / (sum(s) / len(s)) for s in r.load]
-            ax_i.plot(ratio, color=colour, alpha=0.6, label=name if i == 0 else None)
-            ax_l.plot(r.loss, color=colour, alpha=0.6, label=name if i == 0 else None)
+        ratio = [[max(s) / (sum(s) / len(s)) for s in r.load] for r in results]
+        for ax, series in ((ax_i, ratio), (ax_l, [r.loss for r in results])):
+            smooth = np.array([np.convolve(v, kernel, mode="valid") for v in series])
+            steps = np.arange(window - 1, window - 1 + smooth.shape[1])
+            ax.plot(steps, smooth.mean(0), color=colour, label=name)
+            ax.fill_between(steps, smooth.min(0), smooth.max(0), color=colour, alpha=0.15, lw=0)
     ax_i.set_xlabel("step")
-    ax_i.set_ylabel("busiest expert / mean load")
+    ax_i.set_ylabel(f"busiest expert / mean load ({window}-step average)")
     ax_l.set_xlabel("step")
-    ax_l.set_ylabel("task loss (MSE)")
+    ax_l.set_ylabel(f"task loss, MSE ({window}-step average)")
     ax_l.set_yscale("log")
     for ax in (ax_i, ax_l):
         ax.legend(fontsize=7)
