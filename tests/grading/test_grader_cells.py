@@ -163,3 +163,52 @@ def test_grading_toml_holds_the_solutions_parameters(lab):
     assert params.read(cell.source, instructor).problems == []
     for grade_id in lab_of(ROOT / "solutions" / lab).grader_only:
         assert any(c.metadata.get("nbgrader", {}).get("grade_id") == grade_id for c in nb.cells)
+
+
+def test_autograde_takes_each_lab_cells_role_from_the_gradebook(monkeypatch):
+    """A submission that switched a hidden test's `grade` flag off (nbgrader's OverwriteCells
+    restores a locked cell's source and lock, not that flag) and made its solution cell look
+    like a locked setup cell: the grader would have run the test as setup code, in the
+    sandbox too, and the learner's cell in its own process. The gradebook says otherwise.
+    (The gradebook here is a stand-in with nbgrader's API; every autograde round trip reads
+    the real one through the same calls.)"""
+    from types import SimpleNamespace as Record
+
+    import nbgrader.api
+
+    from helpers.course.grading.grader.preprocessor import restore_roles
+
+    nb = _notebook("SMOKE = False")
+    metas = [c.metadata["nbgrader"] for c in nb.cells[1:]]
+    recorded = Record(  # what `nbgrader generate_assignment` recorded
+        grade_cells=[Record(name=m["grade_id"], max_score=1) for m in metas if m["grade"]],
+        solution_cells=[Record(name=m["grade_id"]) for m in metas if m["solution"]],
+        source_cells=[Record(name=m["grade_id"], locked=m["locked"]) for m in metas],
+    )
+
+    class Book:
+        def __init__(self, url):
+            assert url == "sqlite:///gradebook.db"
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def find_notebook(self, notebook, assignment):
+            assert (notebook, assignment) == ("lab", "lab")
+            return recorded
+
+    monkeypatch.setattr(nbgrader.api, "Gradebook", Book)
+    nb.cells[4].metadata["nbgrader"].update(grade=False, points=0)  # the test, switched off
+    nb.cells[3].metadata["nbgrader"].update(solution=False, locked=True)  # "a setup cell"
+    tampered = split(nb, LAB)
+    assert [c.index for c in tampered.lab] == [1, 2, 3, 4] and tampered.tests == []
+    info = {"db_url": "sqlite:///gradebook.db", "notebook": "lab", "assignment": "lab"}
+    restore_roles(nb, {"nbgrader": info})
+    parts = split(nb, LAB)
+    assert [c.index for c in parts.tests] == [4] and [c.index for c in parts.lab] == [1, 2]
+    assert 3 in {c.index for c in parts.learner} and parts.learner_names == {"shard_range"}
+    assert nb.cells[4].metadata["nbgrader"]["points"] == 1
+    restore_roles(nb, {})  # Validate: no gradebook, nothing to restore

@@ -15,6 +15,7 @@ never needs to import a module its sandbox does not have (lab 6's tests run
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import sys
 from collections.abc import Iterable, Iterator
@@ -44,9 +45,15 @@ def _roots() -> list[Path]:
 
 
 def module_files(names: Iterable[str]) -> list[list[str]]:
-    """[[module, path], ...] for every copy of each module on the import path."""
+    """[[module, path], ...] for every copy of each module on the import path (found once
+    per set of names: a lab's direct calls ask for it thousands of times)."""
+    return [list(pair) for pair in _files(frozenset(names))]
+
+
+@functools.lru_cache(maxsize=64)
+def _files(names: frozenset[str]) -> tuple[tuple[str, str], ...]:
     out, roots = [], _roots()
-    for name in sorted(set(names)):
+    for name in sorted(names):
         for found in _locations(name):
             found = found.resolve()
             out.append([name, str(found)])
@@ -55,11 +62,7 @@ def module_files(names: Iterable[str]) -> list[list[str]]:
                     rel = found.relative_to(root)
                     out += [[name, str(r / rel)] for r in roots if (r / rel).exists()]
                     break
-    unique = []
-    for pair in out:
-        if pair not in unique:
-            unique.append(pair)
-    return unique
+    return tuple(dict.fromkeys(tuple(pair) for pair in out))
 
 
 @contextlib.contextmanager

@@ -9,10 +9,12 @@ calls) is forked from it and, before it runs anything of the learner's, calls
   queues of one job are gone when it ends and never seen by the next (another learner's);
 * a private mount namespace with fresh, size-capped tmpfs on ``/tmp``, ``/dev/shm`` and
   the scratch directory (its working directory): nothing one job writes reaches another;
-* the modules the lab refuses (its grading.toml), absent: the directory that holds each
-  is covered by an empty tmpfs into which every other entry is bound back (read-only;
-  ``__pycache__`` left out, so no compiled copy stays either). An import, a path, a
-  ``spec_from_file_location`` or ``open`` finds nothing. A refused module that the slot
+* the modules the lab refuses (its grading.toml), absent: the directory that holds a
+  refused module file is covered by an empty tmpfs into which every other entry is bound
+  back (read-only; ``__pycache__`` left out, so no compiled copy stays either); a refused
+  package's own directory is covered by one that holds only an ``__init__.py`` raising
+  ModuleNotFoundError. An import, a path, a ``spec_from_file_location`` or ``open`` finds
+  nothing of them. A refused module that the slot
   itself had loaded before the job (part of torch's own start-up) cannot be taken out of
   memory: it is left as it is (``job["hide"]`` names module and path; such pairs are
   skipped) and the guard and the recorded messages answer for it;
@@ -36,10 +38,11 @@ WRITABLE = (("/tmp", 0o1777), ("/dev/shm", 0o1777), (SCRATCH, 0o700))
 TMPFS_BYTES = 1 << 30
 CLONE_NEWNS, CLONE_NEWIPC = 0x00020000, 0x08000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_NOATIME = 1, 2, 4, 8, 32, 1024
-MS_RELATIME, ST_RELATIME = 1 << 21, 4096
+MS_RELATIME, ST_RELATIME, ST_RDONLY = 1 << 21, 4096, 1
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 38, 47, 4
 CAPABILITY_V3 = 0x20080522
+STUB = "No module named {!r}: the lab refuses it, and its sandbox does not have it"
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -98,7 +101,8 @@ def _cover(parent: str, gone: set[str], mode: int = 0o755, size: int = 1 << 20) 
             else:
                 open(dst, "w").close()
             _mount(src, dst, None, MS_BIND | MS_REC)
-            _read_only(dst)
+            if not os.statvfs(src).f_flag & ST_RDONLY:  # a bind keeps its source's read-only
+                _read_only(dst)
     finally:
         os.close(fd)
     if gone:
@@ -109,20 +113,36 @@ def _loaded(module: str) -> bool:
     return any(m == module or m.startswith(module + ".") for m in list(sys.modules))
 
 
+def _stub(package: str, module: str) -> None:
+    """A package directory emptied: only an ``__init__.py`` that raises as a missing module
+    does (cheaper than covering its parent, site-packages, and binding hundreds back)."""
+    _tmpfs(package, 0o755, 1 << 16)
+    with open(os.path.join(package, "__init__.py"), "w") as f:
+        f.write(f"raise ModuleNotFoundError({STUB.format(module)!r}, name={module!r})\n")
+    _read_only(package)
+
+
 def hide(pairs) -> list[str]:
-    """Make each (module, path) absent, parents first; the modules left in memory, named."""
-    by_parent: dict[str, set[str]] = {}
+    """Make each (module, path) absent, outermost first; the modules left in memory, named."""
+    todo: dict[str, tuple[str, set[str]]] = {}  # directory -> (module, entries to remove)
     in_memory = []
     for module, path in pairs:
         if _loaded(module):
             in_memory.append(module)
             continue
         path = os.path.normpath(path)
-        by_parent.setdefault(os.path.dirname(path), set()).add(os.path.basename(path))
-    for parent in sorted(by_parent, key=lambda p: p.count(os.sep)):
-        gone = {n for n in by_parent[parent] if os.path.lexists(os.path.join(parent, n))}
-        if gone and os.path.isdir(parent):
-            _cover(parent, gone)
+        if os.path.isdir(path):
+            todo[path] = (module, set())  # a package: stubbed
+        else:  # a module file: its directory covered without it (nor its compiled copy)
+            todo.setdefault(os.path.dirname(path), (module, set()))[1].add(os.path.basename(path))
+    for directory in sorted(todo, key=lambda p: p.count(os.sep)):
+        module, gone = todo[directory]
+        if not os.path.isdir(directory):
+            continue  # inside a package stubbed already
+        if not gone:
+            _stub(directory, module)
+        elif gone := {n for n in gone if os.path.lexists(os.path.join(directory, n))}:
+            _cover(directory, gone)
     return in_memory
 
 
