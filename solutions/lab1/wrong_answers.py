@@ -129,7 +129,7 @@ def ring_all_reduce_(d, tensor: torch.Tensor) -> None:
     for s in range(n - 1):  # all-gather
         exchange(chunks[(r + 1 - s) % n], chunks[(r - s) % n])
 
-# === wrong: isend_then_recv_hangs_on_two_gpus
+# === wrong: isend_then_recv_hangs_on_gpus
 # %% cell: ring_all_reduce
 %%program lab1_ring
 import torch
