@@ -10,9 +10,9 @@ as one source's rows for one expert (T k / E on average: fine-grained experts ma
 small). Megatron-Core (``sort_chunks_by_idxs``, then a grouped GEMM) and torchtitan
 (``generate_permute_indices``, then ``torch._grouped_mm``) regroup the rows expert-major and run
 every expert in one grouped product. torchtitan pads each expert's rows to a multiple of 8 (16
-or 32 for FP8 kernels), the alignment the grouped kernel wants; the buffer is allocated at its
-largest size, rows + (E/N)(align - 1), a number known without reading the counts, so the
-regrouping itself needs no copy of the counts to the host.
+or 32 for FP8 kernels), the alignment the grouped kernel wants, into a buffer of a size known
+without reading the counts (rows + E/N x 8, rounded up), so the regrouping needs no copy of the
+counts to the host; here the buffer has rows + (E/N)(align - 1) rows, the exact bound.
 
 ``expert_major`` computes where each received row goes (on the device, from the counts);
 ``run_grouped`` runs the experts on the regrouped rows through ``helpers.compat.grouped_mm``
