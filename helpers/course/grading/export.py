@@ -3,7 +3,8 @@
 The guard (helpers.course.grading.guard) does not run a learner cell that reaches into
 the grader or imports what the lab refuses; the kernel reports a
 ``SolutionRefused`` or ``SubmissionRefused`` error instead, naming the cell, the
-line and the construct. This exporter writes nbgrader's usual columns and, beside
+line and the construct (and ``ParametersRefused`` on a parameters cell that held more than
+literal values: the grader read it as data and used the instructor's values). This exporter writes nbgrader's usual columns and, beside
 them, those reasons, read from each learner's autograded notebooks, so the
 instructor sees in the spreadsheet why a submission scored what it did::
 
@@ -27,7 +28,7 @@ KEYS = [
     "assignment", "duedate", "timestamp", "student_id", "last_name", "first_name", "email",
     "raw_score", "late_submission_penalty", "score", "max_score", "refused",
 ]  # fmt: skip
-REFUSALS = ("SolutionRefused", "SubmissionRefused")
+REFUSALS = ("SolutionRefused", "SubmissionRefused", "ParametersRefused")
 
 
 def refusals_of(directory: Path) -> list[str]:

@@ -42,7 +42,6 @@ from __future__ import annotations
 import os
 import shutil
 import site
-import stat
 import sys
 import sysconfig
 import tempfile
@@ -51,6 +50,7 @@ from pathlib import Path
 
 from helpers.course.grading.sandbox import jail
 from helpers.course.grading.sandbox.jail import SCRATCH
+from helpers.course.grading.sandbox.reach import reachability_layer
 
 __all__ = [
     "NOBODY",
@@ -137,72 +137,6 @@ def hidden_paths(course_root: Path | None, extra: Iterable[Path] = ()) -> list[P
         out.append(tmp)
     out += [Path(p) for p in extra]
     return sorted({p for p in out if p.exists() or p.is_symlink()})
-
-
-def _reachable(path: Path, uid: int) -> bool:
-    """Can ``uid`` (no groups) walk down to ``path``? Only 'other' bits count for it."""
-    for p in [*reversed(path.parents), path]:
-        try:
-            st = p.stat()
-        except OSError:
-            return False
-        if st.st_uid == uid:
-            continue
-        if stat.S_ISDIR(st.st_mode) and not st.st_mode & stat.S_IXOTH:
-            return False
-    return True
-
-
-def _covered_ancestor(path: Path, uid: int) -> Path | None:
-    """The highest directory above ``path`` that ``uid`` cannot pass, if any."""
-    for p in [*reversed(path.parents), path]:
-        st = p.stat()
-        if st.st_uid != uid and stat.S_ISDIR(st.st_mode) and not st.st_mode & stat.S_IXOTH:
-            return p
-    return None
-
-
-def _bind_back(needed: Sequence[Path], covers: Sequence[Path]) -> list[str]:
-    """Read-only binds of the needed paths that sit under one of ``covers`` (outermost only)."""
-    under = [p for p in needed if any(p == c or c in p.parents for c in covers)]
-    tops = [p for p in under if not any(q in p.parents for q in under)]
-    return [arg for p in tops for arg in ("--ro-bind", str(p), str(p))]
-
-
-def _reachability_layer(needed: Sequence[Path]) -> list[str]:
-    """Root only: a bwrap that makes ``needed`` reachable for nobody (empty if it is)."""
-    covers = sorted(
-        {
-            c
-            for p in needed
-            if not _reachable(p, NOBODY)
-            for c in [_covered_ancestor(p, NOBODY)]
-            if c is not None
-        }
-    )
-    if not covers:
-        return []
-    args = [
-        shutil.which("bwrap") or "bwrap",
-        "--die-with-parent",
-        "--bind",
-        "/",
-        "/",
-        "--dev-bind",
-        "/dev",
-        "/dev",
-        "--bind",
-        "/proc",
-        "/proc",
-    ]
-    for c in covers:
-        args += ["--perms", "0755", "--tmpfs", str(c)]
-    binds = _bind_back(needed, covers)
-    for target in binds[2::3]:  # bwrap would make the directories on the way 0700
-        for a in reversed(Path(target).parents):
-            if any(c in a.parents for c in covers):
-                args += ["--perms", "0755", "--dir", str(a)]
-    return args + binds
 
 
 def _environment(threads: int) -> list[str]:
@@ -319,7 +253,7 @@ def command(argv: Sequence[str], *, hide: Sequence[Path] = (), threads: int = 1)
         "--clear-groups",
         "--inh-caps=-all",
     ]
-    return [*_reachability_layer(needed), *drop, *inner]
+    return [*reachability_layer(needed, NOBODY), *drop, *inner]
 
 
 def launch_environment() -> dict[str, str]:
