@@ -115,7 +115,7 @@ def predict(kind: str, measured: dict, world: int) -> dict:
     late = fw.late(measured["params"], measured["largest"], d)
     act, m = measured["activations"], measured["micro_batches"]
     forward = act + (late["grads"] if m > 1 else 0.0)
-    backward = sum(late.values()) + act / measured["layers"]
+    backward = late["grads"] + late["unsharded"] + max(late["step"], act / measured["layers"])
     gathered = held.pop("gathered")  # FSDP's gathered blocks come and go within the step
     return {
         "held": sum(held.values()),

@@ -152,15 +152,18 @@ def _activations(w, lay, sums: dict, s: int) -> float:
 def _stage_memory(w, lay, sums: dict, s: int, fw) -> dict:
     """Bytes by kind at the stage's peak: the end of a forward (every activation in flight;
     the transient gradients too once a step has more than one micro-batch) or the end of the
-    backward (gradients, the step's copies, one block's activations), whichever is larger."""
+    backward (gradients, with one block's activations or the optimizer step's temporaries,
+    whichever is larger), whichever is larger."""
     edge = (w.edge_params[0] if s == 0 else 0) + (w.edge_params[1] if s == lay.pp - 1 else 0)
     local = sums["local"] + edge / lay.tp
     held = fw.states(local, sums["largest"], lay.dp)
     late = fw.late(local, sums["largest"], lay.dp)
     grads = held["gradients"] + (late["grads"] if lay.micro_batches > 1 else 0.0)
     forward = {**held, "gradients": grads, "activations": _activations(w, lay, sums, s)}
-    backward = {**held, "gradients": held["gradients"] + sum(late.values()),
-                "activations": lay.micro_batch * sums["act_max"]}  # fmt: skip
+    # the end of the backward (a block's activations) or the optimizer step (its temporaries)
+    last = max(lay.micro_batch * sums["act_max"], late["step"])
+    backward = {**held, "gradients": held["gradients"] + late["grads"] + late["unsharded"],
+                "activations": last}  # fmt: skip
     return max(forward, backward, key=lambda m: sum(m.values()))
 
 
