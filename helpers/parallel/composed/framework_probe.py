@@ -114,7 +114,7 @@ def predict(kind: str, measured: dict, world: int) -> dict:
     held = fw.states(measured["params"], measured["largest"], d)
     late = fw.late(measured["params"], measured["largest"], d)
     act, m = measured["activations"], measured["micro_batches"]
-    forward = act + (late["grads"] if m > 1 else 0.0)
+    forward = act + late["unsharded"] + (late["grads"] if m > 1 else 0.0)
     backward = late["grads"] + late["unsharded"] + max(late["step"], act / measured["layers"])
     gathered = held.pop("gathered")  # FSDP's gathered blocks come and go within the step
     return {

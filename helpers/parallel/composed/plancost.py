@@ -136,7 +136,10 @@ def _sums(lay, blocks) -> dict:
                         for b in blocks)}  # fmt: skip
 
 
-def _activations(w, lay, sums: dict, s: int) -> float:
+def _activations(w, lay, sums: dict, s: int, unsharded: float = 0.0) -> float:
+    """Bytes at the start of the backward: the activations of the micro-batches in flight, and
+    on the last stage the loss's buffers, or the first block's unsharded gradient (ZeRO-3)
+    once the loss has been freed, whichever is larger."""
     in_flight = in_flight_microbatches(lay, s) * lay.micro_batch
     if lay.recompute == "full":  # keep block inputs, rebuild one block's activations at a time
         act = in_flight * sums["kept"] + lay.micro_batch * sums["act_max"]
@@ -144,22 +147,24 @@ def _activations(w, lay, sums: dict, s: int) -> float:
         act = in_flight * (sums["act"] - sums["scores"])
     else:
         act = in_flight * sums["act"]
+    loss = 0.0
     if s == lay.pp - 1:  # the loss's buffers (whole on every TP rank unless vocabulary-parallel)
-        act += in_flight * w.logits_bytes / (lay.tp if w.loss_split else 1)
-    return act
+        loss = in_flight * w.logits_bytes / (lay.tp if w.loss_split else 1)
+    return act + max(loss, unsharded)
 
 
 def _stage_memory(w, lay, sums: dict, s: int, fw) -> dict:
-    """Bytes by kind at the stage's peak: the end of a forward (every activation in flight;
-    the transient gradients too once a step has more than one micro-batch) or the end of the
-    backward (gradients, with one block's activations or the optimizer step's temporaries,
-    whichever is larger), whichever is larger."""
+    """Bytes by kind at the stage's peak: the start of a backward (every activation in flight,
+    the loss's buffers or the first block's unsharded gradient, the transient gradients too
+    once a step has more than one micro-batch) or the end of the backward (gradients, with one
+    block's activations or the optimizer step's temporaries), whichever is larger."""
     edge = (w.edge_params[0] if s == 0 else 0) + (w.edge_params[1] if s == lay.pp - 1 else 0)
     local = sums["local"] + edge / lay.tp
     held = fw.states(local, sums["largest"], lay.dp)
     late = fw.late(local, sums["largest"], lay.dp)
     grads = held["gradients"] + (late["grads"] if lay.micro_batches > 1 else 0.0)
-    forward = {**held, "gradients": grads, "activations": _activations(w, lay, sums, s)}
+    act = _activations(w, lay, sums, s, late["unsharded"])
+    forward = {**held, "gradients": grads, "activations": act}
     # the end of the backward (a block's activations) or the optimizer step (its temporaries)
     last = max(lay.micro_batch * sums["act_max"], late["step"])
     backward = {**held, "gradients": held["gradients"] + late["grads"] + late["unsharded"],
