@@ -137,6 +137,7 @@ class Premise:
     measured: bool  # wanted measured from the threads' waiting time, or assumed
     share: float = SHARE
     extra: tuple[tuple[bool, str], ...] = ()
+    who: str = ""  # what was timed, in words ("the kernel"); default: "N ranks"
 
     @property
     def could_use(self) -> float:
@@ -157,17 +158,21 @@ class Premise:
 
     def __str__(self) -> str:
         how = "CPU + waiting for a core" if self.measured else "assumed: this OS does not say"
+        who = self.who or f"{self.ranks} rank{'s' * (self.ranks != 1)}"
         text = (
-            f"{self.ranks} rank{'s' * (self.ranks != 1)} had {self.had:.2f} of the {self.could_use:.2f} cores "
+            f"{who} had {self.had:.2f} of the {self.could_use:.2f} cores "
             f"{'they' if self.ranks != 1 else 'it'} could use ({self.wanted:.2f} wanted, {how}; {self.cores} cores here)"
         )
-        return text + "".join(f"; but not {what}" for ok, what in self.extra if not ok)
+        return text + "".join(
+            f"; the lesson needs {what}: not so" for ok, what in self.extra if not ok
+        )
 
 
 def premise(readings: Sequence[Reading], *, wants: float | None = None, share: float = SHARE,
-            cores: int | None = None) -> Premise:  # fmt: skip
+            cores: int | None = None, who: str = "") -> Premise:  # fmt: skip
     """The cores ``readings`` (one per rank, or per timed part) had and wanted; ``wants`` is
-    the cores the work would use where the OS does not say (default: one per reading)."""
+    the cores the work would use where the OS does not say (default: one per reading);
+    ``who`` names what was timed where it is not ranks ("the kernel")."""
     readings = list(readings)
     if not readings or any(not isinstance(r, Reading) for r in readings):
         raise TypeError(
@@ -179,7 +184,9 @@ def premise(readings: Sequence[Reading], *, wants: float | None = None, share: f
         wanted = sum((r.cpu_s + r.wait_s) / r.wall_s for r in readings if r.wall_s > 0)
     else:
         wanted = float(len(readings) if wants is None else wants)
-    return Premise(len(readings), cores or machine_cores(), had, max(wanted, had), measured, share)
+    return Premise(
+        len(readings), cores or machine_cores(), had, max(wanted, had), measured, share, who=who
+    )
 
 
 def check(premise: Premise, lesson: str, ok: bool, found: str) -> None:
@@ -189,7 +196,8 @@ def check(premise: Premise, lesson: str, ok: bool, found: str) -> None:
         assert ok, f"{lesson}: not so here, found {found}, although {premise}"
         print(f"checked: {lesson}: {found} ({premise})")
         return
-    why = "other programs took cores, and the timings measure them too" if premise.crowded else (
-        "the lesson is about another machine")  # fmt: skip
+    # not holding: other programs took the cores, or a condition of the lesson (``requiring``)
+    # was not met, which str(premise) names
+    why = " Other programs took cores, and the timings measure them too." if premise.crowded else ""
     agrees = "agrees" if ok else "does not agree"
-    print(f"not checked here: {lesson}. Found {found}, which {agrees}; but {premise}: {why}.")
+    print(f"not checked here: {lesson}. Found {found}, which {agrees}; but {premise}.{why}")

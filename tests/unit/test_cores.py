@@ -72,3 +72,15 @@ def test_clocked_returns_the_value_and_a_reading():
     assert value == 2 and isinstance(reading, cores.Reading)
     with pytest.raises(TypeError, match="Reading of each rank"):
         cores.premise([(value, reading)])
+
+
+def test_the_message_names_what_was_timed_and_each_unmet_condition_once(capsys):
+    kernel = cores.premise([cores.Reading(1.0, 0.3, 0.7)], cores=2, who="the kernel")
+    assert str(kernel).startswith("the kernel had 0.30 of the 1.00 cores it could use")
+    four = cores.premise([cores.Reading(1.0, 0.5, 0.5)] * 4, cores=2)  # had its 2 cores
+    four = four.requiring(False, "the 2-rank reference to have had its cores")
+    assert not four.holds and not four.crowded
+    cores.check(four, "the lesson", True, "1.5x")
+    out = capsys.readouterr().out
+    assert "; the lesson needs the 2-rank reference to have had its cores: not so." in out, out
+    assert out.count("but") == 1 and "Other programs" not in out, out
