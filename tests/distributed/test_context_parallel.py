@@ -366,7 +366,7 @@ def _plain_ring(d, q, k, v, positions, causal, zeros=False):
 
 
 def _watched(d, q, k, v, positions, causal, zeros, tamper_rank, delta):
-    from helpers.course.grading.checks.ring_attention_check import AnswerRefused, watch_ring
+    from helpers.course.grading.checks.ring_attention_check import watch_ring
 
     mine = [t.index_select(-2, positions[d.rank]) for t in (q, k, v)]
     tamper = (lambda t: t + delta) if d.rank == tamper_rank else None
@@ -377,7 +377,7 @@ def _watched(d, q, k, v, positions, causal, zeros, tamper_rank, delta):
                      lambda: F.scaled_dot_product_attention(*mine)):  # fmt: skip
             try:
                 call()
-            except (RuntimeError, AnswerRefused) as e:
+            except RuntimeError as e:
                 refused.append(str(e).split(":")[0])
     return out, log.summary(), refused
 
@@ -398,7 +398,7 @@ def test_lab7_checks_see_what_the_messages_carry():
         out, log, refused = runs["honest"][rank]
         torch.testing.assert_close(out, L.shard(want, pos[rank]))
         assert message_problems(log, rank, world, k, v, pos) == []
-        assert len(refused) == 2, refused  # the workbook's ring and torch's fused attention
+        assert len(refused) == 1, refused  # the workbook's ring (fused attention has no lse)
         _, zero_log, _ = runs["zeros"][rank]
         assert any(
             "does not carry" in p for p in message_problems(zero_log, rank, world, k, v, pos)

@@ -2,7 +2,11 @@
 
 Plain local processes (forked, one socket pair each, no sandbox): each collective gives
 gloo's result, messages in any order complete, subgroups and DeviceMesh work, and the
-switch records, refuses and tampers in this process, whatever the rank's own recorder does.
+switch records, refuses and tampers in this process as the test's plan says, whatever the
+rank's own recorder does: a rank that closes its recording early, never opens one or
+brings a tamper of its own changes nothing but where its operations are listed. The
+memory the switch measures is the process's (/proc), and a hook that waits for its
+all-reduce during backward is failed at once.
 """
 
 from __future__ import annotations
@@ -53,7 +57,8 @@ def _rank_main(fn, rank, world, fd, others, conn, args, gloo):
 
 
 def run(fn, world, *args, gloo=False, timeout=30):
-    """fn(rank, *args) on ``world`` forked ranks over the relay (or gloo): (values, switch)."""
+    """fn(rank, *args) on ``world`` forked ranks over the relay (or gloo): (values, switch).
+    The switch knows each rank's pid (the sandbox pool's part): it can measure memory."""
     ctx = mp.get_context("fork")
     pairs = [socket.socketpair() for _ in range(world)]
     store = tempfile.mktemp(prefix="relay-gloo-") if gloo else None
@@ -70,7 +75,7 @@ def run(fn, world, *args, gloo=False, timeout=30):
         send_end.close()
     for _, child in pairs:
         child.close()
-    switch = RelaySwitch([mine for mine, _ in pairs])
+    switch = RelaySwitch([mine for mine, _ in pairs], pid_of=lambda r: procs[r].pid)
     values = []
     try:
         for r, conn in enumerate(conns):
@@ -194,7 +199,7 @@ def _ring_recv_first(rank):
 
 
 def test_a_ring_posted_receive_first_completes_and_is_recorded():
-    with EventLog() as log:
+    with EventLog(content=True) as log:
         out, _ = run(_ring_recv_first, 3)
     for rank, got in enumerate(out):
         assert torch.equal(got, torch.full((3,), float((rank - 1) % 3)))
@@ -261,8 +266,50 @@ def test_a_collective_not_allowed_is_refused_by_the_switch():
             in seen["switch"]
         )
         (rec,) = log.recordings(rank)
-        assert rec.refused == ["all_reduce", "all_reduce"] and rec.calls == []
-        assert [e.get("reported", False) for e in rec.of("collective")] == [True, False]
+        assert rec.refused == ["all_reduce"] and rec.calls == []  # only what reached the switch
+
+
+def _escapes(rank):
+    """A rank that ends its recording early, then runs a collective the plan refuses, a
+    message and an allowed collective outside any recording, and never opens another."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    from helpers.course.grading.relay import backend as relay
+
+    out = {}
+    with record_traffic(allow=["all_reduce"], exercise="the ring"), _disable_current_modes():
+        relay.channel().call({"t": "close"})  # ended from inside, the rank's recorder off
+        try:
+            tdist.all_gather_into_tensor(torch.empty(4), torch.ones(2))
+        except RuntimeError as e:
+            out["refused"] = str(e)
+        relay.channel().call({"t": "close"})  # more closes than opens: nothing to close
+        t = torch.ones(3)
+        tdist.all_reduce(t)
+        out["sum"] = t.tolist()
+        if rank == 0:
+            tdist.send(torch.arange(2.0), 1)
+        else:
+            tdist.recv(torch.empty(2), 0)
+        relay.channel().call({"t": "open", "label": "the ring", "allow": None})  # reopened
+    return out
+
+
+def test_a_rank_that_ends_its_recording_is_still_refused_and_recorded():
+    double = Tamper(rank=1, op="all_reduce", change=lambda t: 2 * t)  # the job's first one
+    with EventLog(allow=["all_reduce"], tamper=[double]) as log:
+        out, switch = run(_escapes, 2)
+    for rank, seen in enumerate(out):
+        assert "must not call the collective 'all_gather_into_tensor'" in seen["refused"]
+        assert seen["sum"] == [3.0] * 3  # rank 1's part doubled: the plan holds outside too
+        outside = [(e["kind"], e["op"]) for e in log.outside(rank) if e["kind"] != "tampered"]
+        assert outside == [("collective", "all_gather_into_tensor"), ("collective", "all_reduce"),
+                           ("p2p", "send" if rank == 0 else "recv")]  # fmt: skip
+        assert [e["kind"] for e in log.outside(rank)].count("tampered") == rank
+        first, reopened = log.recordings(rank)
+        assert first.closed and reopened.closed and first.calls == [] == reopened.calls
+        with pytest.raises(AssertionError, match="outside the code under test|switched off"):
+            log.complete(2, 1)
 
 
 def _mismatch(rank):
@@ -280,52 +327,59 @@ def test_ranks_that_disagree_are_told_who_called_what():
         assert "rank 1 called all_reduce with 6 float32 elements" in message, message
 
 
-def _tampered(rank, tamper):
+def _tampered(rank, own):
     t = torch.arange(4.0) + 10 * rank
-    with record_traffic(allow=["all_reduce"], content=True, tamper=tamper):
+    with record_traffic(allow=["all_reduce"], tamper=own):  # a rank's own tamper: ignored
         tdist.all_reduce(t)
         tdist.all_reduce(torch.ones(2))
     got = torch.empty(2)
-    with record_traffic(content=True, tamper=tamper):
+    with record_traffic():
         if rank == 1:
             tdist.send(torch.tensor([1.0, 2.0]), 0)
         else:
             tdist.recv(got, 1)
-    return t, got
+    with record_traffic(allow=["all_reduce"]):
+        later = torch.ones(1)
+        tdist.all_reduce(later)
+    return t, got, later
 
 
-def test_the_switch_tampers_and_records_contents():
-    double = Tamper(rank=1, op=("all_reduce", "send"), nth=None, change=lambda t: 2 * t)
-    with EventLog() as log:
-        out, _ = run(_tampered, 2, double)
+def test_the_switch_tampers_as_the_plan_says_and_records_contents():
+    double = Tamper(rank=1, op=("all_reduce", "send"), nth=None, change=lambda t: 2 * t, case=0)
+    plus = Tamper(rank=0, op="send", change=lambda t: t + 5, case=1)  # rank 0 sends nothing
+    third = Tamper(rank=0, op="all_reduce", change=lambda t: t + 10, case=2)
+    mine = Tamper(rank=0, op="all_reduce", nth=None, change=lambda t: 0 * t)
+    with EventLog(content=True, tamper=[double, plus, third]) as log:
+        out, _ = run(_tampered, 2, mine)
     want = torch.arange(4.0) + 2 * (torch.arange(4.0) + 10)  # rank 1's part counted twice
-    for t, _ in out:
+    for t, _, later in out:
         torch.testing.assert_close(t, want)
-    assert torch.equal(out[0][1], torch.tensor([2.0, 4.0]))  # the message, doubled on its way
-    first, second = log.recordings(1)
+        assert later.item() == 12.0  # case 2: rank 0's 1 + 10, and rank 1's 1
+    assert torch.equal(out[0][1], torch.tensor([1.0, 2.0]))  # case 1: not in case 0's plan
+    first, second, third_rec = log.recordings(1)
     assert [e["op"] for e in first.tampered] == ["all_reduce", "all_reduce"]
     assert first.calls == [("all_reduce", 16), ("all_reduce", 8)]
     torch.testing.assert_close(first.contents("collective")[0], 2 * (torch.arange(4.0) + 10))
-    assert torch.equal(second.contents("p2p")[0], torch.tensor([2.0, 4.0]))
-    assert [len(r.tampered) for r in log.recordings(0)] == [0, 0]
+    assert torch.equal(second.contents("p2p")[0], torch.tensor([1.0, 2.0]))
+    assert [len(r.tampered) for r in log.recordings(0)] == [0, 0, 1]
 
 
 def _own_tamper(rank):
-    try:
-        with record_traffic(tamper=Tamper(rank, "all_reduce", lambda t: t)):
-            pass
-    except RuntimeError as e:
-        return str(e)
-    return "opened"
+    t = torch.ones(2)
+    with record_traffic(allow=["all_reduce"], tamper=Tamper(rank, "all_reduce", lambda x: 7 * x)):
+        tdist.all_reduce(t)
+    return t.tolist()
 
 
 def test_a_tamper_made_in_the_rank_is_not_applied():
-    out, _ = run(_own_tamper, 1)
-    assert "not one the grading process made" in out[0]
+    with EventLog() as log:
+        out, _ = run(_own_tamper, 2)
+    assert out == [[2.0, 2.0], [2.0, 2.0]]
+    assert all(not r.tampered for rank in range(2) for r in log.recordings(rank))
 
 
 def _same_traffic(rank):
-    with record_traffic(allow=["all_reduce", "broadcast", "all_gather_into_tensor"], memory=True):
+    with record_traffic(allow=["all_reduce", "broadcast", "all_gather_into_tensor"]):
         t = torch.ones(8)
         tdist.all_reduce(t)
         tdist.broadcast(t, 0)
@@ -333,15 +387,13 @@ def _same_traffic(rank):
         work = tdist.isend(t[:3].clone(), 1 - rank)
         tdist.recv(torch.empty(3), 1 - rank)
         work.wait()
-        del t, work
-        kept = torch.zeros(100)
-    return kept.sum().item()
+    return t.sum().item()
 
 
 def test_the_recordings_are_those_of_gloo():
     logs = []
     for gloo in (False, True):
-        with EventLog() as log:
+        with EventLog(allow=["all_reduce", "broadcast", "all_gather_into_tensor"]) as log:
             run(_same_traffic, 2, gloo=gloo)
         logs.append(log)
     for rank in range(2):
@@ -349,7 +401,76 @@ def test_the_recordings_are_those_of_gloo():
         assert relayed.calls == local.calls
         strip = lambda es: [{k: e[k] for k in ("op", "peer", "numel", "bytes")} for e in es]  # noqa: E731
         assert strip(relayed.messages) == strip(local.messages)
-        assert relayed.kept_bytes == local.kept_bytes == 400
+
+
+MIB = 1 << 20
+
+
+def _memory(rank, peak_mib, kept_mib):
+    from helpers.course.grading.recorder import probe
+
+    for mib in (1, peak_mib):  # a small run first: the code it needs is mapped before the measure
+        with record_traffic(allow=["all_reduce"]):
+            big = torch.ones(mib * MIB // 4)
+            tdist.all_reduce(big[:4])
+            del big
+            kept = torch.ones(kept_mib * MIB // 4)
+        if mib == 1:
+            del kept
+            probe.mark("warm")
+    return kept.numel()
+
+
+@pytest.mark.parametrize("gloo", [False, True])
+def test_the_memory_is_what_the_os_accounts_to_the_rank(gloo):
+    with EventLog(allow=["all_reduce"], memory=True) as log:
+        run(_memory, 2, 48, 12, gloo=gloo)
+    for rank in range(2):
+        _, rec = log.recordings(rank)
+        assert [m["name"] for m in rec.marks] == ["open", "close"]
+        assert 47.5 * MIB <= rec.peak_bytes <= 50 * MIB, rec.peak_bytes / MIB  # 48, then 12
+        assert 11.5 * MIB <= rec.kept_bytes <= 12.5 * MIB, rec.kept_bytes / MIB
+        names = [m["name"] for m in log.marks(rank)]
+        assert names[-3:] == ["warm", "open", "close"]
+        if not gloo:  # the switch samples each rank as the job starts too
+            assert names[0] == "job start"
+
+
+def _blocking_hook(rank, blocking):
+    from helpers.course.grading.recorder import probe
+
+    w = torch.ones(8, requires_grad=True)
+    v = torch.ones(8, requires_grad=True)
+    pending = []
+
+    def hook(p):
+        if blocking:
+            tdist.all_reduce(p.grad)  # waits for its reply inside backward
+        else:
+            pending.append(tdist.all_reduce(p.grad, async_op=True))
+
+    for p in (w, v):
+        p.register_post_accumulate_grad_hook(hook)
+    with record_traffic(allow=["all_reduce"]):
+        loss = (probe.gate("g1", w * 2) * v).sum()
+        probe.point("begin")
+        loss.backward()
+        probe.point("end")
+        for work in pending:
+            work.wait()
+    return w.grad.tolist()
+
+
+def test_a_hook_that_waits_for_its_all_reduce_fails_at_once():
+    with EventLog(allow=["all_reduce"], gates=True) as log:
+        out, _ = run(_blocking_hook, 2, False)
+    factor = log.factors("g1")[0]
+    torch.testing.assert_close(torch.tensor(out[0]), 2 * 2 * factor.float())  # 2 ranks, summed
+    start = time.monotonic()
+    with pytest.raises(AssertionError, match="waited for its all-reduce of 8 elements"):
+        with EventLog(allow=["all_reduce"], gates=True):
+            run(_blocking_hook, 2, True)
+    assert time.monotonic() - start < 10
 
 
 def _ends_early(rank):

@@ -1,26 +1,43 @@
-"""Lab 6's grader-side checks on hand-made event streams: each says what is wrong, and passes the right one."""
+"""Lab 6's grader-side checks on hand-made logs: each says what is wrong, and passes the right one.
+
+A log is what the grading process saw of one backward on one rank, in order: the gates its
+backward passed ("begin", g1, g2, "end") and each all-reduce with what it carried. The
+buckets are identified by their contents (this rank's own gradients), never by anything
+the rank says.
+"""
 
 from __future__ import annotations
 
-from helpers.course.grading.checks.ddp_check import message_params, order_problems, reverse_buckets
+import torch
+
+from helpers.course.grading.checks.ddp_check import order_problems, reverse_buckets
+from helpers.course.grading.checks.ddp_watch import GATES, above
 
 NUMELS = [55, 35, 7, 35, 5]  # TinyNet's trainable parameters, in registration order
 ARRIVAL = [4, 3, 2, 1, 0]  # the order backward makes their gradients ready
+LOCAL = [torch.randn(n, dtype=torch.float64, generator=torch.Generator().manual_seed(i))
+         for i, n in enumerate(NUMELS)]  # fmt: skip
 
 
-def overlapped(buckets, held=True):
-    """The events of a wrapper that starts each bucket's all-reduce as its last gradient is ready."""
+def carried(members):
+    return torch.cat([LOCAL[i] for i in members])
+
+
+def overlapped(buckets):
+    """The log of a wrapper that starts each bucket's all-reduce as its last gradient is ready."""
     bucket_of = {i: b for b, members in enumerate(buckets) for i in members}
-    ready, events = [0] * len(buckets), [("broadcast", n) for n in NUMELS]
+    ready, seq = [0] * len(buckets), [("begin", None)]
+    passed = set()
     for i in ARRIVAL:
-        events.append(("grad", i))
-        if i == 4:
-            events.append(("held", held))
+        for gate in GATES:  # backward reaches a gate once the parameters above it are done
+            if gate not in passed and above(gate) <= set(ARRIVAL[: ARRIVAL.index(i)]):
+                seq.append((gate, None))
+                passed.add(gate)
         b = bucket_of[i]
         ready[b] += 1
         if ready[b] == len(buckets[b]):
-            events.append(("all_reduce", sum(NUMELS[j] for j in buckets[b])))
-    return events
+            seq.append(("all_reduce", carried(buckets[b])))
+    return [*seq, ("end", None)]
 
 
 def test_reverse_buckets_fill_up_to_the_cap_and_never_split_a_parameter():
@@ -33,46 +50,35 @@ def test_reverse_buckets_fill_up_to_the_cap_and_never_split_a_parameter():
 def test_an_overlapping_ddp_has_no_problem():
     for cap in (8, 320, 400, 10**6):
         buckets = reverse_buckets(NUMELS, 8, cap)
-        assert order_problems(overlapped(buckets), buckets, NUMELS) == []
-        assert message_params(overlapped(buckets), buckets) == buckets
+        seq = overlapped(buckets)
+        assert [k for k, _ in seq if k != "all_reduce"] == ["begin", "g1", "g2", "end"]
+        assert order_problems(seq, buckets, LOCAL, 2) == []
+        averaged = [(k, t / 2 if t is not None else t) for k, t in seq]  # divided before: fine
+        assert order_problems(averaged, buckets, LOCAL, 2) == []
 
 
-def test_a_late_flat_all_reduce_and_a_waiting_hook_are_named():
+def test_all_reduces_after_backward_are_named():
     per_parameter = [[i] for i in range(5)]
-    late = [e for e in overlapped(per_parameter) if e[0] != "all_reduce"] + [("all_reduce", 137)]
-    problems = order_problems(late, per_parameter, NUMELS)
-    assert any("did not start before the next gradient" in p for p in problems), problems
-    waited = order_problems(overlapped(per_parameter, held=False), per_parameter, NUMELS)
-    assert len(waited) == 1 and "waited for its all-reduce" in waited[0], waited
+    late = [e for e in overlapped(per_parameter) if e[0] != "all_reduce"]
+    late += [("all_reduce", carried([i])) for i in ARRIVAL]  # in finish(), after "end"
+    problems = order_problems(late, per_parameter, LOCAL, 2)
+    assert any("its all-reduce had not started" in p for p in problems), problems
+    assert any("were not all-reduced before backward returned" in p for p in problems), problems
 
 
-def test_buckets_of_another_cap_are_named():
+def test_buckets_of_another_cap_and_wrong_contents_are_named():
     sent = overlapped(reverse_buckets(NUMELS, 8, 400))  # a cap the lab did not ask for
-    problems = order_problems(sent, reverse_buckets(NUMELS, 8, 320), NUMELS)
-    assert "bucket 0 (parameters [4, 3], 40 elements) was complete but" in problems[0], problems
-    assert "carried 47 elements; the bucket holds 7" in problems[1], problems
+    problems = order_problems(sent, reverse_buckets(NUMELS, 8, 320), LOCAL, 2)
+    assert any("other than one bucket's gradients" in p for p in problems), problems
+    zeros = [
+        (k, torch.zeros_like(t) if t is not None else t)
+        for k, t in overlapped([[i] for i in range(5)])
+    ]
+    problems = order_problems(zeros, [[i] for i in range(5)], LOCAL, 2)
+    assert len(problems) >= 5 and "other than one bucket's gradients" in problems[0], problems
 
 
-def test_a_hold_of_the_second_step_is_read_too():
-    # Rank 0 holds in step 1 (rank 1 in step 0): a wrapper whose hooks wait on every rank but
-    # rank 0 lets step 0's hold go and fails step 1's, which streamed_order must not drop.
-    from types import SimpleNamespace
-
-    from helpers.course.grading.checks.ddp_check import streamed_order
-
-    events = []
-    for step, ok in ((0, True), (1, False)):
-        for i in ARRIVAL:
-            events.append({"kind": "grad", "param": i, "step": step})
-            if i == 4:
-                events.append(
-                    {"kind": "held", "ok": ok, "step": step, "waiting_for": [] if ok else [1]}
-                )
-            events.append({"kind": "op", "op": "all_reduce", "numel": NUMELS[i]})
-    rec = SimpleNamespace(label="your DDP order", closed=True, events=events)
-    order = streamed_order([rec], rank=0, exercise="your DDP", case=0)
-    assert order.count(("held", True)) == 1 and order.count(("held", False)) == 1, order
-    assert [e for e in order if e[0] == "grad"] == [("grad", i) for i in ARRIVAL]  # step 0's only
-    per_parameter = [[i] for i in range(5)]
-    problems = order_problems(order, per_parameter, NUMELS)
-    assert len(problems) == 1 and "waited for its all-reduce" in problems[0], problems
+def test_a_backward_that_skipped_a_gate_is_named():
+    seq = [e for e in overlapped([[i] for i in range(5)]) if e[0] != "g2"]
+    problems = order_problems(seq, [[i] for i in range(5)], LOCAL, 2)
+    assert len(problems) == 1 and "passed the test's gates as ['begin', 'g1', 'end']" in problems[0]

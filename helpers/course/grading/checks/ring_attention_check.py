@@ -1,20 +1,19 @@
 """What a ring attention's messages must carry (lab 7's "by hand" checks), and a tamper test.
 
-On each rank, ``watch_ring`` runs the learner's ring under ``record_traffic`` (every
-collective refused, each point-to-point message logged with its peer, and what each send
-carries streamed to the grading process as it happens when an ``EventLog`` is open there).
-With ``tamper=fn`` it changes each outgoing message on its way (the neighbour receives
-``fn(tensor)``), so the grader can check that the result moves exactly as the maths says:
-a ring whose result ignores its messages fails. While it runs, the workbook's own
-context-parallel code (helpers.parallel.context.online_softmax, context_layout, ring_attention,
-fused_ring_attention, allgather_attention) is switched off, and torch's fused attention kernels are refused: the
-lab asks for both by hand (and lab 7's grading.toml refuses importing them).
+On each rank, ``watch_ring`` runs the learner's ring under ``record_traffic``: every message
+passes through the grading process, whose log (an ``EventLog`` opened with the test's plan:
+no collective, contents kept, and the messages it changes on their way) is what the checks
+read; the rank keeps its own copy of what it sent only for demonstrations. While it runs, the
+workbook's own context-parallel code (helpers.parallel.context.online_softmax,
+context_layout, ring_attention, fused_ring_attention, allgather_attention) is switched off
+in a learner's own kernel; in the grader's sandbox those modules are not there at all (lab 7's
+grading.toml). torch's fused attention is not refused: ``F.scaled_dot_product_attention``
+returns no log-sum-exp, which the lab's merge needs, and the tests check values only.
 
 On the grader's side (plain functions of the logs, so another recorder can feed them):
 
-    streamed_rings(events, world)   each rank's ring as the grading process received it
-        (the log the tests trust: the rank's own copy is within the learner's reach);
-        fails when a rank's recorder was switched off
+    streamed_rings(events, world)   each rank's ring as the grading process logged it;
+        fails when a rank's recordings are not one closed recording
     message_problems(log, rank, world, k, v, positions)   [] when rank sent exactly the
         N - 1 K/V blocks of ranks r, r-1, ..., r-N+2, in that order, only to r + 1,
         and received only from r - 1
@@ -63,7 +62,6 @@ except ImportError:  # a lab 7 rank: its sandbox has none of them, nothing to sw
     online_softmax = ring_attention = attention = causal_mask = None
 
 __all__ = [
-    "AnswerRefused",
     "RingLog",
     "message_problems",
     "no_workbook_answers",
@@ -86,11 +84,6 @@ _ANSWER_MODULES = tuple(
     )
     if m is not None
 )
-_FUSED_ATTENTION = "_scaled_dot_product"  # aten kernels behind F.scaled_dot_product_attention
-
-
-class AnswerRefused(RuntimeError):
-    """The learner's code called something that computes the exercise's answer for it."""
 
 
 @dataclass
@@ -104,23 +97,6 @@ class RingLog:
         """Picklable: messages as (op, peer, numel) and the sent contents (CPU copies)."""
         return {"messages": [(m.op, m.peer, m.numel) for m in self.traffic.messages],
                 "sent": [t.detach().cpu().clone() for t in self.sent]}  # fmt: skip
-
-
-class _NoFusedAttention(TorchDispatchMode):
-    """Refuses torch's fused attention kernels (they return the log-sum-exp ready-made)."""
-
-    def __init__(self, exercise: str):
-        super().__init__()
-        self.exercise = exercise
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func._schema.name.split("::")[-1]
-        if func.namespace == "aten" and name.startswith(_FUSED_ATTENTION):
-            raise AnswerRefused(
-                f"{self.exercise} must compute attention itself (q k^T, softmax, times v): "
-                f"torch's fused attention ({name}) is switched off while it is tested"
-            )
-        return func(*args, **(kwargs or {}))
 
 
 class _Courier(TorchDispatchMode):
@@ -185,8 +161,9 @@ def no_workbook_answers(exercise: str = "this exercise") -> Iterator[None]:
 
 @contextlib.contextmanager
 def own_attention(exercise: str = "this exercise") -> Iterator[None]:
-    """The workbook's context-parallel code switched off and torch's fused attention refused."""
-    with no_workbook_answers(exercise), _NoFusedAttention(exercise):
+    """The workbook's context-parallel code switched off (in a learner's own kernel: the
+    grader's sandbox has none of it)."""
+    with no_workbook_answers(exercise):
         yield
 
 
@@ -195,15 +172,15 @@ def watch_ring(
     exercise: str = "ring_attention", tamper: Tamper | Callable | None = None
 ) -> Iterator[RingLog]:
     """Record this rank's ring (see module docstring): collectives refused, messages logged
-    and their contents streamed (and tampered with), the workbook's answers and torch's fused
-    attention switched off. The yielded RingLog is the rank's own copy (for demonstrations).
-    ``tamper``: a Tamper the grading process made (under the relay only those apply), or a
-    change for this rank's sends (a learner's own kernel)."""
+    (what the test's plan keeps and changes: helpers.course.grading.recorder.plan), the
+    workbook's answers switched off. The yielded RingLog is the rank's own copy (for
+    demonstrations). ``tamper``: in a learner's own kernel only, a change for this rank's
+    sends (under the grader's relay a rank's own tamper is ignored)."""
     rank = tdist.get_rank() if tdist.is_initialized() else 0
     change = tamper
     if tamper is not None and not isinstance(tamper, Tamper):
         change = Tamper(rank, ("send", "isend"), tamper, nth=None)
-    with record_traffic(exercise=exercise, content=True, tamper=change) as traffic:
+    with record_traffic(exercise=exercise, content=True, tamper=change) as traffic:  # noqa: SIM117
         with own_attention(exercise):
             log = RingLog(traffic)
             with _Courier(log):
@@ -211,17 +188,11 @@ def watch_ring(
 
 
 def streamed_rings(events: EventLog, world: int) -> list[dict]:
-    """Per rank, its ring (one ``watch_ring``) as streamed to this process, in the form of
-    ``RingLog.summary()``, plus "tampered" (messages changed on their way)."""
+    """Per rank, its ring (one ``watch_ring``) as the grading process logged it, in the form of
+    ``RingLog.summary()``, plus "tampered" (messages changed on their way). Fails when a
+    rank's recordings are not one closed recording with nothing outside it."""
     out = []
-    for rank in range(world):
-        recs = events.recordings(rank)
-        if len(recs) != 1 or not recs[0].closed:
-            raise AssertionError(
-                f"rank {rank}: its traffic recorder reported {len(recs)} complete recordings "
-                f"of 1 ({sum(r.closed for r in recs)} closed): it was switched off"
-            )
-        (rec,) = recs
+    for (rec,) in events.complete(world, 1, "ring"):
         out.append({
             "messages": [(e["op"], e["peer"], e["numel"]) for e in rec.messages],
             "sent": rec.contents("p2p", outgoing=True),

@@ -1,36 +1,43 @@
-"""The recorder's events, streamed from the ranks to the grading process as they happen.
+"""The grading process's log of what each rank did, and the plan the ranks are held to.
 
-A rank's recorder (helpers.course.grading.recorder.traffic) lives in the same process as the
-learner's code, so its lists could be changed after the fact. While an
-``EventLog`` is open in the grading process (the notebook's kernel), every
-recorder of every rank sends each event down a socket to it the moment it
-happens: a message, a collective, a refused call, a tampered message, an
-allocation. What the kernel received cannot be taken back; the tests grade the
-kernel's copy::
+A test opens an ``EventLog`` around the ranks it starts; what it grades is the log's copy,
+made in its own process, never the rank's::
 
-    with EventLog() as log:               # the kernel: listens, one thread reads
-        out = spawn(fn, world_size=4)     # ranks: record_traffic(...) streams to it
+    with EventLog(allow=["all_reduce"], content=True, tamper=[...], memory=True) as log:
+        out = spawn(fn, world_size=4)     # ranks: record_traffic(...) marks their recordings
     log.recordings(rank=1)                # [Recording, ...] in the order rank 1 made them
+    log.outside(rank=1)                   # its operations outside every recording
+    log.marks(rank=1)                     # every memory sample taken of it, in order
 
-Events travel as JSON headers plus raw tensor bytes: nothing a rank sends is
-unpickled here. The ranks find the log through the ``WB_EVENT_LOG`` environment
-variable, which ``spawn`` passes on; a recorder without it streams nothing, and a
-test that expects events then reports a recorder that was switched off.
+The keyword arguments are the job's plan (helpers.course.grading.recorder.plan): which
+collectives may run, whether contents are kept, which messages change on their way,
+whether memory is measured, lab 6's gates. Under the grader's relay
+(helpers.course.grading.relay) the switch logs every operation itself and applies the plan;
+a rank only says where its recordings start and end, and what it calls them. A rank that
+closes a recording early, or never opens one, changes which recording an operation is
+listed in, never whether it is refused, recorded, changed or measured.
+
+Without the relay (a learner's own kernel on gloo) each rank's recorder streams its events
+here as they happen, down a socket whose address the ranks find in ``WB_EVENT_LOG``
+(``spawn`` passes it on), applying the plan the log left next to that socket; memory is
+sampled here from /proc when a recording opens and closes and at each mark
+(helpers.course.grading.recorder.event_server). Events travel as JSON headers plus raw
+tensor bytes: nothing a rank sends is unpickled here.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import selectors
 import socket
 import struct
 import tempfile
 import threading
-import time
-from dataclasses import dataclass, field
 
 import torch
+
+from helpers.course.grading.recorder import plan as plans
+from helpers.course.grading.recorder.recording import Recording
 
 __all__ = ["ENV", "EventLog", "EventSender", "Recording", "active_log", "relay_markers", "route"]
 
@@ -44,44 +51,102 @@ def _tensor_bytes(t: torch.Tensor) -> tuple[dict, bytes]:
     return {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}, raw
 
 
-class EventSender:
-    """Rank side: one connection per recording; ``send`` writes one event at once."""
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("the EventLog closed its socket")
+        buf += chunk
+    return bytes(buf)
 
-    def __init__(self, address: str, label: str, seq: int):
+
+class EventSender:
+    """Rank side, without the relay: one connection per recording (``label``) or, with
+    ``label=None``, the rank's probe connection (marks and gates outside a recording)."""
+
+    def __init__(self, address: str, label: str | None, seq: int, sync: bool = False):
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.connect(address)
+        self.sync = sync  # the log samples memory as the recording opens and closes: wait for it
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else -1
-        self.send({"kind": "open", "rank": rank, "label": label, "seq": seq, "pid": os.getpid()})
+        opened = {"kind": "open", "rank": rank, "label": label, "seq": seq, "pid": os.getpid()}
+        self.request(opened) if sync else self.send(opened)
 
     def send(self, event: dict, content: torch.Tensor | None = None) -> None:
         meta, raw = ({}, b"") if content is None else _tensor_bytes(content)
         head = json.dumps({**event, **({"content": meta} if meta else {})}).encode()
         self.sock.sendall(_HEAD.pack(len(head), len(raw)) + head + raw)
 
+    def request(self, event: dict) -> tuple[dict, bytes]:
+        """Send an event and wait for the log's answer (a mark, a gate, a measured edge)."""
+        if event.get("kind") != "gate":
+            from helpers.course.grading.recorder import os_memory
+
+            os_memory.trim()  # the log may sample this rank's memory now
+        self.send({**event, "reply": True})
+        hlen, plen = _HEAD.unpack(_recv_exactly(self.sock, _HEAD.size))
+        head = json.loads(_recv_exactly(self.sock, hlen))
+        return head, _recv_exactly(self.sock, plen) if plen else b""
+
     def close(self) -> None:
         try:
-            self.send({"kind": "close"})
+            self.request({"kind": "close"}) if self.sync else self.send({"kind": "close"})
         finally:
             self.sock.close()
 
 
-def sender(label: str) -> EventSender | None:
+_SEQ = [0]  # connections opened by this process, in order
+_PROBE: dict[str, EventSender] = {}  # address -> this process's probe connection
+_OPEN: list[EventSender] = []  # this process's recordings open now, innermost last
+_ACTIVE: list[EventLog] = []  # the EventLogs open (entered) in this process, innermost last
+_ROUTE: list = []  # where a rank's markers go when its process group is the relay
+_RELAY: list = []  # the relay's mark and gate, when it is connected
+
+
+def address() -> str | None:
+    """The address of the EventLog this (kernel) rank streams to, if any."""
+    return os.environ.get(ENV) or None
+
+
+def planned() -> plans.Plan:
+    """The plan of the EventLog this rank streams to (empty without one, or under the relay)."""
+    return plans.planned(address())
+
+
+def sender(label: str, sync: bool = False) -> EventSender | None:
     """A sender to the open EventLog of the grading process, or None when there is none."""
-    relayed = relay_markers(label, False, None, None, threading.local())
-    if relayed is not None:  # a sandboxed rank: its stream goes through the grader's relay
-        return relayed
-    address = os.environ.get(ENV)
-    if not address:
+    where = address()
+    if not where:
         return None
     _SEQ[0] += 1
-    return EventSender(address, label, _SEQ[0])
+    return EventSender(where, label, _SEQ[0], sync)
 
 
-_SEQ = [0]  # recordings opened by this process, in order
-_ACTIVE: list[EventLog] = []  # the EventLogs open (entered) in this process, innermost last
+def opened(out: EventSender | None) -> None:
+    """record_traffic's sender is open: marks and gates go through it, in its order."""
+    if out is not None:
+        _OPEN.append(out)
 
 
-_ROUTE: list = []  # where a rank's markers go when its process group is the relay
+def closed(out: EventSender | None) -> None:
+    if out is not None and out in _OPEN:
+        _OPEN.remove(out)
+
+
+def probe() -> EventSender | None:
+    """Where this (kernel) rank's marks and gates go: its innermost open recording's
+    connection, so that they are logged in order with its messages, else its probe
+    connection, made once per log."""
+    where = address()
+    if not where:
+        return None
+    if _OPEN:
+        return _OPEN[-1]
+    if where not in _PROBE:
+        _SEQ[0] += 1
+        _PROBE[where] = EventSender(where, None, _SEQ[0])
+    return _PROBE[where]
 
 
 def active_log() -> EventLog | None:
@@ -89,142 +154,119 @@ def active_log() -> EventLog | None:
     return _ACTIVE[-1] if _ACTIVE else None
 
 
-def route(open_markers) -> None:
-    """Send this rank's recording markers to ``open_markers(label, content, allow, tamper,
-    api)`` (helpers.course.grading.relay.backend.connect calls this; it returns a sender,
-    or None when the relay is not this rank's process group)."""
+def route(open_markers, relay=None) -> None:
+    """Send this rank's recording markers to ``open_markers(label, allow, api)``, and its
+    marks and gates to ``relay`` (an object with ``active()``, ``mark(name)`` and
+    ``gate(name, numel, dtype)``): helpers.course.grading.relay.backend.connect calls this.
+    ``open_markers`` returns a marker sender, or None when the relay is not this rank's
+    process group."""
     _ROUTE[:] = [open_markers]
+    _RELAY[:] = [relay] if relay is not None else []
 
 
-def relay_markers(label: str, content: bool, allow, tamper, api):
+def relay() -> object | None:
+    """The relay's probe functions, while the relay is this rank's process group."""
+    return _RELAY[0] if _RELAY and _RELAY[0].active() else None
+
+
+def relay_markers(label: str, allow, api):
     """A sender of markers on the relay, or None when the rank's group is not the relay."""
-    return _ROUTE[0](label, content, allow, tamper, api) if _ROUTE else None
-
-
-@dataclass
-class Recording:
-    """Everything one recorder of one rank streamed, as the grading process received it."""
-
-    rank: int
-    label: str
-    seq: int
-    events: list[dict] = field(default_factory=list)
-    closed: bool = False  # the recorder's context ended normally
-
-    def of(self, kind: str) -> list[dict]:
-        return [e for e in self.events if e["kind"] == kind]
-
-    @property
-    def messages(self) -> list[dict]:
-        """Point-to-point operations: op (send/isend/recv/irecv), peer, numel, bytes."""
-        return self.of("p2p")
-
-    @property
-    def calls(self) -> list[tuple[str, int]]:
-        """(collective, bytes this rank put in) of each allowed collective, in order."""
-        return [(e["name"], e["bytes"]) for e in self.of("collective") if e["allowed"]]
-
-    @property
-    def refused(self) -> list[str]:
-        return [e["name"] for e in self.of("collective") if not e["allowed"]]
-
-    @property
-    def tampered(self) -> list[dict]:
-        return self.of("tampered")
-
-    @property
-    def peak_bytes(self) -> int:
-        """Most bytes of tensors made inside the recording that were alive at once."""
-        return max((e["live"] for e in self.of("alloc")), default=0)
-
-    @property
-    def kept_bytes(self) -> int:
-        """Bytes of tensors made inside the recording that were still alive at its end."""
-        return sum(e["bytes"] for e in self.of("kept"))
-
-    def contents(self, kind: str = "p2p", outgoing: bool = True) -> list[torch.Tensor]:
-        """The tensors that events of ``kind`` carried (sends only, by default, for p2p)."""
-        picked = self.of(kind)
-        if kind == "p2p":
-            picked = [e for e in picked if e["op"] in ("send", "isend")] if outgoing else picked
-        return [e["tensor"] for e in picked if "tensor" in e]
+    return _ROUTE[0](label, allow, api) if _ROUTE else None
 
 
 class EventLog:
-    """Grading-process side: a socket the ranks stream to, and one thread that reads it."""
+    """Grading-process side: the plan, and everything logged about every rank."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, allow=None, content=False, tamper=(), memory=False, gates=False):
+        self.plan = plans.Plan.make(allow, content, tamper, memory, gates)
+        self._recordings: list[Recording] = []
+        self._outside: dict[int, list[dict]] = {}
+        self._marks: dict[int, list[dict]] = {}
+        self._factors: dict[tuple[str, int], torch.Tensor] = {}
+        self._gates: dict[tuple[int, str], int] = {}
+        self._rng = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
+        self._lock = threading.Lock()
         self._dir = tempfile.mkdtemp(prefix="wb-events-")
         self.address = os.path.join(self._dir, "s")
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(self.address)
-        self._listener.listen(128)
-        self._recordings: list[Recording] = []
-        self._open: dict[socket.socket, tuple[bytearray, Recording | None]] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, name="event-log", daemon=True)
-        self._thread.start()
+        self._server = None
         self._saved_env: str | None = None
 
-    # -- the reading thread
-    def _serve(self) -> None:
-        sel = selectors.DefaultSelector()
-        sel.register(self._listener, selectors.EVENT_READ)
-        while True:
-            ready = sel.select(0.05)
-            for key, _ in ready:
-                if key.fileobj is self._listener:
-                    conn, _ = self._listener.accept()
-                    self._open[conn] = (bytearray(), None)
-                    sel.register(conn, selectors.EVENT_READ)
-                else:
-                    self._read(key.fileobj, sel)
-            if self._stop.is_set() and not ready and not self._open:
-                break
-        sel.close()
-
-    def _read(self, conn: socket.socket, sel) -> None:
-        data = conn.recv(1 << 20)
-        buf, rec = self._open[conn]
-        if not data:
-            sel.unregister(conn)
-            conn.close()
-            del self._open[conn]
-            return
-        buf += data
-        while len(buf) >= _HEAD.size:
-            hlen, plen = _HEAD.unpack_from(buf)
-            end = _HEAD.size + hlen + plen
-            if len(buf) < end:
-                break
-            event = json.loads(bytes(buf[_HEAD.size : _HEAD.size + hlen]))
-            if "content" in event:
-                meta = event.pop("content")
-                raw = bytearray(buf[_HEAD.size + hlen : end])
-                dtype = getattr(torch, meta["dtype"])
-                flat = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
-                event["tensor"] = flat.reshape(meta["shape"])
-            del buf[:end]
-            rec = self._event(rec, event)
-        self._open[conn] = (buf, rec)
-
+    # -- what the relay's switch (or the kernel's server) logs
     def begin(self, rank: int, label: str, seq: int) -> Recording:
-        """A new recording of ``rank`` (the relay's switch opens them for the ranks)."""
+        """A new recording of ``rank``."""
         rec = Recording(rank, label, seq)
-        self._recordings.append(rec)
+        with self._lock:
+            self._recordings.append(rec)
         return rec
 
-    def _event(self, rec: Recording | None, event: dict) -> Recording | None:
-        if event["kind"] == "open" and rec is None:
-            rec = self.begin(event["rank"], event["label"], event["seq"])
-        elif rec is not None and event["kind"] == "close":
-            rec.closed = True
-        elif rec is not None:
-            rec.events.append(event)
-        return rec
+    def outside_event(self, rank: int, event: dict) -> None:
+        """An operation of ``rank`` outside every recording."""
+        with self._lock:
+            self._outside.setdefault(rank, []).append(event)
+
+    def add_mark(self, rank: int, mark: dict) -> dict:
+        with self._lock:
+            self._marks.setdefault(rank, []).append(mark)
+        return mark
+
+    def gate(
+        self, rank: int, name: str, numel: int, dtype: torch.dtype
+    ) -> tuple[int, torch.Tensor]:
+        """Lab 6: the factor rank's ``index``-th gate ``name`` applies (every rank's
+        ``index``-th gate of a name gets the same one, drawn here at random), and index."""
+        with self._lock:
+            index = self._gates.get((rank, name), 0)
+            self._gates[rank, name] = index + 1
+            key = (name, index)
+            if key not in self._factors or self._factors[key].numel() != numel:
+                self._factors[key] = 0.5 + torch.rand(
+                    numel, generator=self._rng, dtype=torch.float64
+                )
+            return index, self._factors[key].to(dtype)
 
     # -- the grading side
+    def recordings(self, rank: int | None = None) -> list[Recording]:
+        """The recordings (of one rank), in the order each rank made them."""
+        recs = [r for r in self._recordings if rank is None or r.rank == rank]
+        return sorted(recs, key=lambda r: (r.rank, r.seq))
+
+    def outside(self, rank: int) -> list[dict]:
+        """The operations of ``rank`` that ran outside every recording."""
+        return list(self._outside.get(rank, []))
+
+    def marks(self, rank: int) -> list[dict]:
+        """Every memory sample of ``rank``, in order: the job's start, each recording's
+        edges and each mark."""
+        return list(self._marks.get(rank, []))
+
+    def factors(self, name: str) -> list[torch.Tensor]:
+        """Lab 6: the factors the gate ``name`` applied, by occurrence (step)."""
+        found = sorted((i, t) for (n, i), t in self._factors.items() if n == name)
+        return [t for _, t in found]
+
+    def complete(self, world: int, per_rank: int, what: str = "runs") -> list[list[Recording]]:
+        """Each rank's recordings, asserting that there are ``per_rank`` of them, all closed,
+        and that nothing ran outside them."""
+        out = []
+        for rank in range(world):
+            recs = self.recordings(rank)
+            assert len(recs) == per_rank and all(r.closed for r in recs), (
+                f"rank {rank}: {len(recs)} recordings ({sum(r.closed for r in recs)} closed) for "
+                f"{per_rank} {what}: its recorder was switched off or ended early"
+            )
+            stray = [e.get("name", e.get("op")) for e in self.outside(rank)
+                     if e["kind"] != "mark" and e.get("op") != "barrier"]  # fmt: skip
+            assert not stray, (f"rank {rank} ran {stray} outside the code under test: every "
+                               "operation of the test is recorded, where it runs")  # fmt: skip
+            out.append(recs)
+        return out
+
+    # -- lifetime
     def __enter__(self) -> EventLog:
+        from helpers.course.grading.recorder.event_server import Server
+
+        plans.write(self.plan, self._dir)
+        self._server = Server(self, self.address)
         self._saved_env = os.environ.get(ENV)
         os.environ[ENV] = self.address
         _ACTIVE.append(self)
@@ -241,19 +283,15 @@ class EventLog:
 
     def close(self, timeout: float = 10.0) -> None:
         """Read what is still on its way (the ranks have exited), then stop listening."""
-        if self._stop.is_set():
-            return
-        time.sleep(0)  # let the thread see connections the ranks made just before exiting
-        self._stop.set()
-        self._thread.join(timeout)
-        self._listener.close()
+        if self._server is not None:
+            self._server.close(timeout)
+            self._server = None
+        for name in (os.path.basename(self.address), plans.PLAN_FILE):
+            try:
+                os.unlink(os.path.join(self._dir, name))
+            except OSError:
+                pass
         try:
-            os.unlink(self.address)
             os.rmdir(self._dir)
         except OSError:
             pass
-
-    def recordings(self, rank: int | None = None) -> list[Recording]:
-        """The recordings received (of one rank), in the order each rank made them."""
-        recs = [r for r in self._recordings if rank is None or r.rank == rank]
-        return sorted(recs, key=lambda r: (r.rank, r.seq))

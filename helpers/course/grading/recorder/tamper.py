@@ -6,31 +6,37 @@ Checking what messages hold is not enough against a decoy that sends the right
 values and ignores what it receives. So a test changes a message in flight and
 asserts that the result changes exactly as the maths says::
 
-    double = Tamper(rank=1, op="all_reduce", change=lambda t: 2 * t)
-    with record_traffic(allow=["all_reduce"], tamper=double):   # on every rank
-        mean = mean_on_ranks(d, n, read)
-    # every rank's mean is now (S + S_1) / (n + n_1): rank 1's part counted twice
+    double = Tamper(rank=1, op="all_reduce", change=lambda t: 2 * t, case=3)
+    with EventLog(allow=["all_reduce"], tamper=[double]):    # the grading process's plan
+        out = spawn(on_ranks, world_size=4, args=(cases,))  # the ranks never see it
+    # in case 3, every rank's mean is (S + S_1) / (n + n_1): rank 1's part counted twice
 
 ``rank``: the rank whose message changes; ``op``: which operations (a name such as
-``"send"`` or ``"all_reduce"``, or a tuple of names); ``nth``: the index among them
-(0: the first; None: every one); ``change``: the new message from the old one (same
-shape and dtype). What this rank puts into a collective (its contribution) changes:
-an all-reduce's tensor in place, a send's or an all-gather's input as a new tensor
-(the sender's own copy is untouched).
+``"send"`` or ``"all_reduce"``, or a tuple of names); ``case``: the index of the rank's
+recording (its ``record_traffic`` blocks, in order, from 0) the change applies in (None:
+anywhere in the job); ``nth``: the index among the operations of that kind in that
+recording, or in the job (0: the first; None: every one); ``change``: the new message
+from the old one (same shape and dtype). What this rank puts into a collective (its
+contribution) changes: an all-reduce's tensor in place, a send's or an all-gather's input
+as a new tensor (the sender's own copy is untouched).
+
+The plan lives in the grading process: under the grader's relay the switch applies it to
+the bytes it carries, and no rank is told which message will change, or how
+(helpers.course.grading.relay). With gloo (a learner's own kernel, the instructors' runs
+of the solutions) the rank's own recorder applies the same plan, read from the open
+EventLog (helpers.course.grading.recorder.events).
 
 Also here: which argument of each ``c10d`` operator is this rank's contribution.
 """
 
 from __future__ import annotations
 
-import uuid
-import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Tamper", "contribution", "registered", "substitute"]
+__all__ = ["Tamper", "contribution", "substitute"]
 
 # Schema argument names, in order of preference, that hold what this rank puts in.
 _INPUT_NAMES = (
@@ -46,25 +52,12 @@ class Tamper:
     op: str | tuple[str, ...]
     change: Callable[[torch.Tensor], torch.Tensor]
     nth: int | None = 0
-    # Under the relay (helpers.course.grading.relay) the grading process applies the change:
-    # a rank names its Tamper by this key, and only Tampers made in that process are found.
-    key: str = field(default_factory=lambda: uuid.uuid4().hex, compare=False, repr=False)
-
-    def __post_init__(self) -> None:
-        _MADE_HERE[self.key] = self
+    case: int | None = None  # the rank's recording it applies in (None: the whole job)
 
     def matches(self, rank: int, op: str) -> bool:
         """Is this operation of this rank one of the kind counted by ``nth``?"""
         ops = (self.op,) if isinstance(self.op, str) else self.op
         return rank == self.rank and op in ops
-
-
-_MADE_HERE: weakref.WeakValueDictionary[str, Tamper] = weakref.WeakValueDictionary()
-
-
-def registered(key: str) -> Tamper | None:
-    """The Tamper made in this process under ``key`` (None: not made here, or gone)."""
-    return _MADE_HERE.get(key)
 
 
 def _tensors(value) -> list[torch.Tensor]:

@@ -1,40 +1,36 @@
-"""Record a rank's traffic, refuse collectives, stream every event out, for the lab tests.
+"""Record a rank's traffic, refuse collectives, mark the code under test, for the lab tests.
 
 A "by hand" exercise (lab 1's ring all-reduce) is graded on HOW it works, not
 only on its result: which messages a rank sent, to whom, how many bytes, and
-what they held. ``record_traffic`` watches one rank while the learner's code runs::
+what they held. ``record_traffic`` marks the code under test on one rank::
 
     with record_traffic(exercise="the ring all-reduce") as traffic:
         ring_all_reduce_(d, tensor)
-    traffic.messages   # [Message(op='isend', peer=1, numel=3, bytes=12), ...]
+    traffic.messages   # this rank's own list: [Message(op='isend', peer=1, numel=3, bytes=12), ...]
 
-How: every torch.distributed operation, whatever Python path reaches it
-(``tdist.all_reduce``, ``distributed_c10d.all_reduce``, ``all_reduce_coalesced``,
-object collectives, a ``ProcessGroup`` method, functional collectives), ends up
-as one operator of the ``c10d`` namespaces in PyTorch's dispatcher. A
-``TorchDispatchMode`` sees each of them: ``c10d.send`` / ``c10d.recv_`` are
-logged as messages, any other one raises ``CollectiveRefused`` before it runs
-(unless ``allow`` names it). An allowed collective is logged with the bytes this
-rank put in (``traffic.calls``). The workbook's own ready-made all-reduces
-(helpers.parallel.collectives.collectives) are refused too.
+What a test grades is never this list (the learner's code shares the rank's process and
+could change it) but the grading process's log (helpers.course.grading.recorder.events):
 
-Beyond the rank's own lists, which the learner's code could reach:
+* Under the grader's sandbox the rank's process group is the relay
+  (helpers.course.grading.relay): every collective and message passes through the
+  grading process, which logs it, refuses the collectives the test's plan does not
+  allow, applies the plan's tampers and, when asked, samples the rank's memory from the
+  operating system. The recorder only tells the switch where a recording starts and ends
+  and what it is called; it carries no allow, tamper or content of its own there. A rank
+  that closes its recording early or never opens one only moves its operations to
+  another recording, or outside every one, where the log lists them too.
+* With gloo (a learner's own kernel, the instructors' runs) the rank's recorder does the
+  work itself: a ``TorchDispatchMode`` sees every operator of the ``c10d`` namespaces
+  (whatever Python path reaches it), logs ``c10d.send`` / ``c10d.recv_`` as messages,
+  refuses any other one that ``allow`` (narrowed by the plan's) does not name, applies the
+  plan's tampers for this recording and streams each event to the open EventLog as it
+  happens. The workbook's own ready-made all-reduces are refused too.
 
-* with an ``EventLog`` open in the grading process (helpers.course.grading.recorder.events), every
-  event is also streamed there as it happens; tests grade that copy, so
-  changing the rank's lists afterwards changes nothing, and a recorder that was
-  switched off leaves fewer events than the maths requires;
-* ``content=True`` streams what each send and each collective contribution held;
-* ``tamper=Tamper(...)`` changes one message on its way (helpers.course.grading.recorder.tamper);
-* ``memory=True`` counts the tensor bytes allocated inside the recording
-  (helpers.course.grading.recorder.allocations): ``traffic.peak_bytes``, ``traffic.kept_bytes``.
-
-Under the grader's sandbox the rank's process group is the relay
-(helpers.course.grading.relay): every collective and message passes through the grading
-process, which logs it, refuses what ``allow`` does not name and applies the tamper
-itself. There the recorder only sends the recording's start and end (and the allocations
-and its own friendly refusals) over the relay; the rank's own ``Traffic`` lists are kept
-as before. With gloo (a learner's own kernel) it works as described above.
+``allow``: friendly collective names that may run (e.g. ``("all_reduce",)``), counted in
+``traffic.collectives``; ``content`` and ``tamper``: for a learner's own kernel (the
+plan's ``content`` and ``tamper`` are what tests use); ``memory=True``: count this rank's
+own tensor bytes into ``traffic.peak_bytes`` / ``kept_bytes`` (a demonstration: no test
+believes it; the grading process measures memory itself).
 """
 
 from __future__ import annotations
@@ -58,6 +54,8 @@ from helpers.course.grading.recorder.c10d import (
     refuse_workbook_collectives,
 )
 from helpers.course.grading.recorder.events import EventLog
+from helpers.course.grading.recorder.plan import Counter, allowed_by
+from helpers.course.grading.recorder.recording import Recording
 from helpers.course.grading.recorder.tamper import Tamper, contribution, substitute
 from helpers.launch import RankFailure, spawn
 
@@ -66,6 +64,7 @@ __all__ = [
     "CollectiveRefused",
     "EventLog",
     "Message",
+    "Recording",
     "Tamper",
     "Traffic",
     "record_traffic",
@@ -131,15 +130,13 @@ class Traffic:
 class _Watch(TorchDispatchMode):
     """Sees every dispatched operator; logs c10d p2p ops, refuses the other c10d ops."""
 
-    def __init__(self, traffic, allow, exercise, out, content, tamper, memory):
+    def __init__(self, traffic, allow, exercise, out, content, tampers, memory):
         super().__init__()
         self.relayed = False  # True: the relay's switch logs, refuses and tampers (not this rank)
-        self.traffic, self.allow, self.exercise = traffic, frozenset(allow), exercise
-        self.out, self.content, self.tamper = out, content, tamper
-        self.memory = Allocations(on_alloc=self._emit) if memory else None
+        self.traffic, self.allow, self.exercise = traffic, allow, exercise
+        self.out, self.content, self.tampers = out, content, tampers
+        self.memory = Allocations() if memory else None
         self.api = threading.local()  # the Python function being called (isend, recv, ...)
-        self.tamper_seen = 0  # operations of the tamper's kind seen so far on this rank
-        self.rank = tdist.get_rank() if tdist.is_initialized() else -1
 
     def _emit(self, event: dict, content=None) -> None:
         if self.out is not None:
@@ -160,16 +157,10 @@ class _Watch(TorchDispatchMode):
 
     def _c10d(self, func, args, kwargs):
         name = func._schema.name.split("::")[-1]
-        if name in P2P:
-            op = self._p2p_name(name)
-        else:
-            op = FRIENDLY.get(name, name)
-        if self.relayed:
-            return self._relayed(name, op, func, args, kwargs)
-        if self.tamper is not None and self.tamper.matches(self.rank, op):
-            index, self.tamper_seen = self.tamper_seen, self.tamper_seen + 1
-            if self.tamper.nth is None or index == self.tamper.nth:
-                args, kwargs = substitute(func, args, kwargs, self.tamper.change)
+        op = self._p2p_name(name) if name in P2P else FRIENDLY.get(name, name)
+        if not self.relayed:
+            for t, index in self.tampers(op):
+                args, kwargs = substitute(func, args, kwargs, t.change)
                 self.traffic.tampered += 1
                 self._emit({"kind": "tampered", "op": op, "index": index})
         _, tensors = contribution(func, args, kwargs)
@@ -179,30 +170,17 @@ class _Watch(TorchDispatchMode):
         if name in P2P:
             peer = int(args[2]) if name != "recv_any_source_" else -1
             self.traffic.messages.append(Message(op, peer, numel, nbytes))
-            event = {"kind": "p2p", "op": op, "peer": peer, "numel": numel, "bytes": nbytes}
-            outgoing = op in ("send", "isend")
-            self._emit(event, shown if self.content and outgoing else None)
+            if not self.relayed:
+                event = {"kind": "p2p", "op": op, "peer": peer, "numel": numel, "bytes": nbytes}
+                outgoing = op in ("send", "isend")
+                self._emit(event, shown if self.content and outgoing else None)
             return args, kwargs
-        allowed = op in self.allow
-        event = {"kind": "collective", "name": op, "bytes": nbytes, "allowed": allowed}
-        self._emit(event, shown if self.content and allowed else None)
+        allowed = self.allow is None or op in self.allow
+        if not self.relayed:
+            event = {"kind": "collective", "name": op, "op": op, "bytes": nbytes,
+                     "numel": numel, "allowed": allowed}  # fmt: skip
+            self._emit(event, shown if self.content and allowed else None)
         if not allowed:
-            raise CollectiveRefused(_refusal(self.exercise, op, func.namespace, self.allow))
-        self.traffic.collectives.append(op)
-        self.traffic.calls.append(Call(op, nbytes))
-        return args, kwargs
-
-    def _relayed(self, name, op, func, args, kwargs):
-        """Under the relay: keep this rank's own lists, refuse early with a clear message."""
-        _, tensors = contribution(func, args, kwargs)
-        numel = sum(t.numel() for t in tensors)
-        nbytes = sum(t.numel() * t.element_size() for t in tensors)
-        if name in P2P:
-            peer = int(args[2]) if name != "recv_any_source_" else -1
-            self.traffic.messages.append(Message(op, peer, numel, nbytes))
-            return args, kwargs
-        if op not in self.allow:
-            self._emit({"kind": "refused", "name": op, "bytes": nbytes})
             raise CollectiveRefused(_refusal(self.exercise, op, func.namespace, self.allow))
         self.traffic.collectives.append(op)
         self.traffic.calls.append(Call(op, nbytes))
@@ -224,6 +202,24 @@ def _refusal(exercise: str, name: str, namespace: str, allow: Iterable[str]) -> 
     )
 
 
+_CASES: dict[str, list] = {}  # kernel world: EventLog address -> [recordings opened, Counter]
+
+
+def _planned_tampers(plan, own: Tamper | None):
+    """Kernel world: the tampers of this recording (the plan's, counted over the job in this
+    process, and the rank's own ``tamper=``, counted in this recording)."""
+    rank = tdist.get_rank() if tdist.is_initialized() else -1
+    where = events.address() or ""
+    state = _CASES.setdefault(where, [0, Counter(rank, plan.tamper)])
+    case, state[0] = state[0], state[0] + 1
+    mine = Counter(rank, () if own is None else (own,))
+
+    def due(op: str):
+        return [*state[1].due(op, case), *mine.due(op, None)]
+
+    return due
+
+
 @contextlib.contextmanager
 def record_traffic(
     allow: Iterable[str] = (),
@@ -236,17 +232,24 @@ def record_traffic(
 
     allow: friendly collective names that may run and are counted in
         ``traffic.collectives`` (e.g. ``("all_reduce",)``).
-    exercise: how refusal messages name the code under test.
-    content: also stream what each send and each allowed collective carried.
-    tamper: change one message on its way (helpers.course.grading.recorder.tamper.Tamper).
-    memory: count the tensor bytes allocated inside (peak_bytes, kept_bytes).
+    exercise: how refusal messages and the log name the code under test.
+    content, tamper: without the relay only (see the module docstring).
+    memory: this rank's own count of its tensor bytes (peak_bytes, kept_bytes).
     Raises RuntimeError at exit if the recording was switched off from inside.
     """
     traffic = Traffic()
-    watch = _Watch(traffic, allow, exercise, None, content, tamper, memory)
-    relayed = events.relay_markers(exercise, content, allow, tamper, watch.api)
-    watch.relayed = relayed is not None
-    out = watch.out = relayed if watch.relayed else events.sender(exercise)
+    api = threading.local()
+    relayed = events.relay_markers(exercise, sorted(allow), api)
+    if relayed is not None:
+        watch = _Watch(traffic, frozenset(allow), exercise, relayed, False, None, memory)
+        watch.relayed, out = True, relayed
+    else:
+        plan = events.planned()
+        out = events.sender(exercise, sync=plan.memory)
+        watch = _Watch(traffic, allowed_by(plan, allow), exercise, out, content or plan.content,
+                       _planned_tampers(plan, tamper), memory)  # fmt: skip
+        events.opened(out)
+    watch.api = api
     try:
         with refuse_workbook_collectives(exercise), named_p2p(watch.api):
             with watch:
@@ -258,24 +261,24 @@ def record_traffic(
                     )
         if watch.memory is not None:
             gc.collect()  # what a reference cycle still holds is not kept by the learner's code
-            traffic.peak_bytes, traffic.kept_bytes = watch.memory.peak_bytes, 0
-            for op, nbytes in watch.memory.kept():
-                traffic.kept_bytes += nbytes
-                watch._emit({"kind": "kept", "op": op, "bytes": nbytes})
+            traffic.peak_bytes = watch.memory.peak_bytes
+            traffic.kept_bytes = sum(nbytes for _, nbytes in watch.memory.kept())
     finally:
+        events.closed(out)
         if out is not None:
             out.close()
 
 
-def streamed(recording: events.Recording) -> Traffic:
-    """The Traffic of one recording as the grading process received it (an EventLog's copy)."""
+def streamed(recording: Recording) -> Traffic:
+    """The Traffic of one recording as the grading process logged it (an EventLog's copy);
+    its memory figures are left at 0 (the recording's own ``peak_bytes`` and ``kept_bytes``
+    are the grading process's measures)."""
     traffic = Traffic(tampered=len(recording.tampered))
     for e in recording.messages:
         traffic.messages.append(Message(e["op"], e["peer"], e["numel"], e["bytes"]))
     for name, nbytes in recording.calls:
         traffic.collectives.append(name)
         traffic.calls.append(Call(name, nbytes))
-    traffic.peak_bytes, traffic.kept_bytes = recording.peak_bytes, recording.kept_bytes
     return traffic
 
 

@@ -15,29 +15,38 @@ frame back (the bytes of this rank's outputs); a ``RelayWork`` completes when th
 arrives, so isend/irecv/batch_isend_irecv in any order never deadlock: a send is
 deposited at the switch at once, a receive completes when the matching send has arrived.
 Registered with ``extended_api=True`` so that new_group and DeviceMesh subgroups get their
-global ranks. What the switch refuses (a collective the open recording does not allow)
-or cannot do raises here, in the rank, with the switch's message.
+global ranks. What the switch refuses (a collective the test's plan does not allow) or
+cannot do raises here, in the rank, with the switch's message.
+
+Besides the operations, a rank can only ask: ``mark(name)`` (the grading process samples
+its memory, helpers.course.grading.recorder.os_memory) and ``gate(name, n, dtype)`` (lab 6's
+factor); ``RelayWork.wait`` tells the switch which reply it waits for, so that a reply the
+switch holds back (lab 6) fails at once with why instead of hanging.
 """
 
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 
 import torch
 import torch.distributed as tdist
 from torch._C._distributed_c10d import Backend, Work
 
-from helpers.course.grading.recorder import events
+from helpers.course.grading.recorder import events, os_memory
 from helpers.course.grading.relay.channel import Channel, RelayError
 from helpers.course.grading.relay.frames import DTYPES, as_bytes
 from helpers.course.grading.relay.markers import RelayMarkers
 
-__all__ = ["NAME", "RelayBackend", "RelayError", "active", "channel", "connect", "flush"]
+__all__ = [
+    "NAME", "RelayBackend", "RelayError", "active", "channel", "connect", "flush", "gate", "mark",
+]  # fmt: skip
 
 NAME = "relay"
 _REDUCE = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")
 _CHANNEL: list[Channel] = []  # the process's one connection to the switch
+NOTICE_S = 0.05  # a wait longer than this tells the switch which reply it waits for
 
 
 class RelayWork(Work):
@@ -50,6 +59,8 @@ class RelayWork(Work):
         self._error: str | None = None
         self._future = torch.futures.Future()
         self.source: int = -1  # a receive's sender (global rank)
+        self.ident: int | None = None  # the request's id at the switch
+        self.chan: Channel | None = None
 
     def finish(self, error: str | None = None) -> None:
         self._error = error
@@ -60,6 +71,11 @@ class RelayWork(Work):
             self._future.set_exception(RelayError(error))
 
     def wait(self, timeout=None) -> bool:
+        if not self._done.wait(NOTICE_S) and self.chan is not None and self.ident is not None:
+            try:  # the switch may hold this reply back (lab 6): it then fails it with why
+                self.chan.post({"t": "waiting", "id": self.ident})
+            except RelayError:
+                pass
         self._done.wait()
         if self._error is not None:
             raise RelayError(self._error)
@@ -91,9 +107,9 @@ def _reduce_op(op: str, opts) -> str:
     return name
 
 
-def _place(outputs: list[torch.Tensor], dtype: str, payload: bytearray) -> None:
-    """Copy an answer's bytes into the output tensors, in order."""
-    if not outputs:
+def _place(outputs: list[torch.Tensor], dtype: str, payload: bytearray | None) -> None:
+    """Copy an answer's bytes into the output tensors, in order (None: read into them)."""
+    if not outputs or payload is None:
         return
     flat = torch.frombuffer(payload, dtype=DTYPES[dtype]) if payload else torch.empty(0)
     start = 0
@@ -141,7 +157,8 @@ class RelayBackend(Backend):
             except Exception as e:  # noqa: BLE001 - the rank sees it in wait()
                 work.finish(f"relay {op}: the answer did not fit ({e})")
 
-        self.chan.request(header, [as_bytes(t) for t in inputs], on_reply)
+        work.chan = self.chan
+        work.ident = self.chan.request(header, [as_bytes(t) for t in inputs], on_reply, outputs)
         return work
 
     # -- reductions
@@ -257,7 +274,8 @@ class RelayBackend(Backend):
             except Exception as e:  # noqa: BLE001
                 work.finish(f"relay recv: the message did not fit ({e})")
 
-        self.chan.request(header, [], on_reply)
+        work.chan = self.chan
+        work.ident = self.chan.request(header, [], on_reply, list(tensors))
         return work
 
     def recvAnysource(self, tensors, tag):  # noqa: N802 - torch's name
@@ -313,18 +331,19 @@ def connect(fd: int, rank: int, world_size: int, strict: bool = False) -> None:
     as NCCL does (lab 7 grades a ring that must keep its work on the GPU)."""
     if _CHANNEL:
         raise RelayError("this process is already connected to the relay")
+    os_memory.prepare_allocator()  # tensors resident exactly while they live (memory tests)
     if NAME not in tdist.Backend.backend_list:
         create = _create_strict if strict else _create
         devices = ["cpu", standin_device_type()] if strict else ["cpu"]
         tdist.Backend.register_backend(NAME, create, extended_api=True, devices=devices)
     _CHANNEL.append(Channel(socket.socket(fileno=fd), rank, world_size))
-    events.route(_markers)  # record_traffic sends its markers over the relay
+    events.route(_markers, sys.modules[__name__])  # markers, marks and gates over the relay
     tdist.init_process_group(NAME, store=tdist.HashStore(), rank=rank, world_size=world_size)
 
 
-def _markers(label, content, allow, tamper, api) -> RelayMarkers | None:
+def _markers(label, allow, api) -> RelayMarkers | None:
     """record_traffic's markers on the relay, while it is this rank's process group."""
-    return RelayMarkers(_CHANNEL[0], label, content, allow, tamper, api) if active() else None
+    return RelayMarkers(_CHANNEL[0], label, allow, api) if active() else None
 
 
 def flush() -> None:
@@ -334,15 +353,15 @@ def flush() -> None:
         chan.call({"t": "sync"})
 
 
-def note(text: str) -> None:
-    """Post a note about this rank ("backward returned in step 0"), for the lab's own watchers.
-
-    Notes are not messages between ranks: the switch keeps them as ``"rank R: text"`` with
-    R the posting rank, and a rank can only ask whether given notes exist (``noted``)."""
-    _CHANNEL[0].post({"t": "note", "key": text})
+def mark(name: str) -> None:
+    """Have the grading process sample this rank's memory now (it answers once it has)."""
+    os_memory.trim()
+    _CHANNEL[0].call({"t": "mark", "name": str(name)[:200]})
 
 
-def noted(notes) -> set[str]:
-    """Which of ``notes`` (``"rank R: text"``) have been posted."""
-    head, _ = _CHANNEL[0].call({"t": "noted", "keys": list(notes)})
-    return set(head.get("keys", ()))
+def gate(name: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """Lab 6: the factor the grading process gives this rank's gate ``name`` now."""
+    kind = str(dtype).removeprefix("torch.")
+    head, payload = _CHANNEL[0].call({"t": "gate", "name": str(name)[:200], "n": int(numel),
+                                      "dtype": kind})  # fmt: skip
+    return torch.frombuffer(payload, dtype=dtype).clone() if payload else torch.ones(0, dtype=dtype)

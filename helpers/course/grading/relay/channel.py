@@ -1,24 +1,58 @@
 """A rank's end of the relay: one socket to the grading process, and the thread that reads it.
 
 Requests go out from the calling thread (one ``sendmsg`` under a lock, no thread hop);
-replies come back on one reader thread, which runs the request's completion (copy the
-reply into the output tensors, wake the waiting ``Work``). A send needs no reply: it is
-deposited at the switch the moment it is written. If the grading process closes the
-relay, every request still waiting fails with that reason.
+replies come back on one reader thread, which runs the request's completion (wake the
+waiting ``Work``). A reply is read straight into the request's output tensors when they
+are contiguous host tensors of its size (no copy of it exists in the rank, so the memory
+the grading process measures is the tensors'); otherwise into a buffer the completion
+copies from. A send needs no reply: it is deposited at the switch the moment it is
+written. If the grading process closes the relay, every request still waiting fails with
+that reason.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import socket
 import threading
 from collections.abc import Callable
 
-from helpers.course.grading.relay.frames import recv_frame, send_frame
+import torch
+
+from helpers.course.grading.relay.frames import HEAD, send_frame
 
 __all__ = ["Channel", "RelayError"]
 
-Reply = Callable[[dict, bytearray], None]
+Reply = Callable[[dict, bytearray | None], None]  # payload None: read into the sink already
+
+
+def _exactly(sock: socket.socket, n: int) -> bytearray | None:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            return None
+        got += k
+    return buf
+
+
+def _into(sock: socket.socket, view: memoryview) -> bool:
+    got = 0
+    while got < len(view):
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            return False
+        got += k
+    return True
+
+
+def _sink_views(sink) -> list[memoryview] | None:
+    """Byte views of a request's output tensors, when the reply can land in them directly."""
+    if not sink or not all(t.device.type == "cpu" and t.is_contiguous() for t in sink):
+        return None
+    return [memoryview(t.detach().view(-1).view(torch.uint8).numpy()) for t in sink if t.numel()]
 
 
 class RelayError(RuntimeError):
@@ -33,7 +67,7 @@ class Channel:
         self.sock, self.rank, self.world_size = sock, rank, world_size
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
-        self._waiting: dict[int, Reply] = {}
+        self._waiting: dict[int, tuple[Reply, list | None]] = {}
         self._groups: dict[tuple[str, tuple[int, ...]], int] = {}
         self.closed: str | None = None  # why the relay ended, once it has
         self.api = threading.local()  # record_traffic's named_p2p: isend or send
@@ -48,15 +82,17 @@ class Channel:
                 raise RelayError(self.closed)
             send_frame(self.sock, header, buffers)
 
-    def request(self, header: dict, buffers, on_reply: Reply) -> None:
+    def request(self, header: dict, buffers, on_reply: Reply, sink=None) -> int:
         """Send a frame; ``on_reply(header, payload)`` runs on the reader thread when the
-        answer comes (``header["err"]`` set when the switch refused or failed it)."""
+        answer comes (``header["err"]`` set when the switch refused or failed it; payload
+        None when it was read into ``sink``, the output tensors). Returns its id."""
         with self._lock:
             if self.closed:
                 raise RelayError(self.closed)
             ident = next(self._ids)
-            self._waiting[ident] = on_reply
+            self._waiting[ident] = (on_reply, sink)
             send_frame(self.sock, {**header, "id": ident}, buffers)
+            return ident
 
     def call(self, header: dict, buffers=()) -> tuple[dict, bytearray]:
         """A request answered before it returns; raises RelayError on an error answer."""
@@ -85,22 +121,40 @@ class Channel:
             return self._groups[key]
 
     # -- in
+    def _frame(self) -> bool:
+        """Read one reply and complete its request; False at the end of the stream."""
+        raw = _exactly(self.sock, HEAD.size)
+        if raw is None:
+            return False
+        hlen, plen = HEAD.unpack(raw)
+        text = _exactly(self.sock, hlen)
+        if text is None:
+            return False
+        head = json.loads(text)
+        with self._lock:
+            on_reply, sink = self._waiting.pop(head.get("id"), (None, None))
+        views = None if "err" in head else _sink_views(sink)
+        if views is not None and sum(len(v) for v in views) == plen:
+            if not all(_into(self.sock, v) for v in views):
+                return False
+            payload = None
+        else:
+            payload = _exactly(self.sock, plen) if plen else bytearray()
+            if payload is None:
+                return False
+        if on_reply is not None:
+            on_reply(head, payload)
+        return True
+
     def _read(self) -> None:
         reason = "the grading process closed the relay"
         try:
-            while (frame := recv_frame(self.sock)) is not None:
-                head, payload = frame
-                with self._lock:
-                    on_reply = self._waiting.pop(head.get("id"), None)
-                if on_reply is not None:
-                    on_reply(head, payload)
-                # Let go of the answer now: a finished operation's tensors must not stay
-                # alive until the next frame (the recorder counts what is kept).
-                del frame, head, payload, on_reply
+            while self._frame():
+                pass
         except OSError as e:
             reason = f"the relay to the grading process failed: {e}"
         with self._lock:
             self.closed = reason
             waiting, self._waiting = self._waiting, {}
-        for on_reply in waiting.values():
+        for on_reply, _ in waiting.values():
             on_reply({"err": reason}, bytearray())

@@ -5,10 +5,14 @@ It never runs or unpickles what a rank sends: frames are a JSON header and raw b
 (relay/frames.py). For each process group it matches the n-th collective of every rank,
 checks that they agree (relay/ops.py says which rank called what when they do not),
 computes the result on its own copies and answers each rank; it delivers point-to-point
-messages (a send is kept until the matching receive is posted). Along the way it records,
-per rank, into the ``EventLog`` open in this process (relay/marks.py): each collective and
-message, with its contents when the recording asked for them, refuses the collectives an
-open recording does not allow, and applies the recordings' tampers.
+messages (a send is kept until the matching receive is posted). Along the way it applies
+the plan of the ``EventLog`` open in this process as the switch starts (the test's:
+helpers.course.grading.recorder.plan) and logs into it, per rank (relay/marks.py): each
+collective and message, in the recording open on that rank or outside every one, with its
+contents when the plan keeps them; it refuses the collectives the plan does not allow and
+applies its tampers; it samples the ranks' memory and serves lab 6's gates and holds
+(relay/probes.py). Nothing a rank says about itself is logged: it can only mark where its
+recordings start and end, ask for a memory sample or a gate.
 
 One switch serves one job: give it fresh socket pairs, run the ranks, then ``close()``
 (which waits for every rank to hang up, so nothing a rank sent is left unread).
@@ -28,6 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from helpers.course.grading.recorder import events
 from helpers.course.grading.relay.frames import (
     MAX_MESSAGE,
     FrameReader,
@@ -36,8 +41,9 @@ from helpers.course.grading.relay.frames import (
     dtype_of,
     send_frame,
 )
-from helpers.course.grading.relay.marks import Marks, refusal
+from helpers.course.grading.relay.marks import Marks
 from helpers.course.grading.relay.ops import Mismatch, Part, answer, parse_part
+from helpers.course.grading.relay.probes import Probes
 
 __all__ = ["RelaySwitch"]
 
@@ -67,11 +73,6 @@ class _Rank:
     alive: bool = True
 
 
-def _own_note(rank: int, key) -> str:
-    """A note is about the rank that posts it: its text is prefixed with that rank."""
-    return f"rank {rank}: {str(key)[:200]}"
-
-
 class RelaySwitch:
     """Serve the ranks' sockets (one per global rank) until ``close()``."""
 
@@ -80,14 +81,22 @@ class RelaySwitch:
         socks: list[socket.socket],
         reply_timeout: float = 60.0,
         max_message: int = MAX_MESSAGE,
+        pid_of=None,
     ):
+        """``pid_of(rank)``: the rank's process id as this process sees it (the sandbox pool
+        knows it), for the memory samples of a plan that asks for them."""
         self.world = len(socks)
+        self.log = events.active_log()
+        plan = self.log.plan if self.log is not None else Marks(0).plan
         self.ranks = []
         for r, sock in enumerate(socks):
             sock.settimeout(reply_timeout)  # replies block at most this long on a stalled rank
-            self.ranks.append(_Rank(sock, FrameReader(sock, max_message), Marks(r)))
+            marks = Marks(r, self.log, plan)
+            self.ranks.append(_Rank(sock, FrameReader(sock, max_message), marks))
+        self.probes = Probes(plan, self.log, self.world, self._reply, pid_of)
+        for r in range(self.world):
+            self.probes.start(r)
         self.errors: list[str] = []  # frames the switch could not make sense of
-        self._notes: set[str] = set()  # "rank R: ..." notes the ranks posted (see note())
         self._groups: dict[tuple[str, tuple[int, ...]], _Group] = {}
         self._mail: dict[tuple, deque] = defaultdict(deque)  # (group, dst, tag) -> sends
         self._posted: dict[tuple, deque] = defaultdict(deque)  # (group, dst, tag) -> recvs
@@ -103,11 +112,12 @@ class RelaySwitch:
     # -- the serving thread
     def _serve(self) -> None:
         while not self._stop.is_set():
-            for key, _ in self._sel.select(1.0):
+            for key, _ in self._sel.select(0.25):
                 if key.data is None:
                     os.read(self._wake_r, 64)
                     continue
                 self._read(key.data)
+            self.probes.tick()
 
     def _read(self, rank: int) -> None:
         state = self.ranks[rank]
@@ -145,23 +155,26 @@ class RelaySwitch:
             self._group(rank, head)
         elif kind == "open":
             marks.open(head)
+            self.probes.sample(rank, marks, "open")
             self._reply(rank, head.get("id"))
         elif kind == "close":
+            self.probes.sample(rank, marks, "close")
             marks.close()
             self._reply(rank, head.get("id"))
-        elif kind == "event":
-            marks.reported(head.get("event"), head.get("label"))
+        elif kind == "mark":
+            self.probes.sample(rank, marks, str(head.get("name", ""))[:200])
+            self._reply(rank, head.get("id"))
+        elif kind == "gate":
+            self._reply(rank, head.get("id"), self.probes.gate(rank, marks, head))
+        elif kind == "waiting":
+            self.probes.waiting(rank, head.get("id"))
         elif kind == "sync":
             self._reply(rank, head.get("id"))
-        elif kind == "note":
-            self._notes.add(_own_note(rank, head.get("key")))
-        elif kind == "noted":
-            asked = [k for k in head.get("keys", ()) if isinstance(k, str)]
-            self._reply(rank, head.get("id"), keys=[k for k in asked if k in self._notes])
         else:
             raise ValueError(f"unknown frame {kind!r}")
 
     def _reply(self, rank: int, ident, payload: torch.Tensor | bytearray | None = None, **head):
+        """Answer request ``ident`` of ``rank`` (with ``err=`` when it failed)."""
         state = self.ranks[rank]
         if not isinstance(ident, int) or not state.alive:
             return
@@ -201,16 +214,16 @@ class RelaySwitch:
         slot = group.slots.setdefault(n, _Slot())
         slot.arrived.add(g)
         slot.ids[g] = head.get("id")
+        self.probes.arrived(rank, part.op, slot.ids[g])
         part.inputs = marks.tamper(part.op, part.inputs, part.shapes)
-        refused_by = marks.allowed(part.op)
+        message = marks.refused(part.op)
         nbytes = sum(t.numel() * t.element_size() for t in part.inputs)
         event = {"kind": "collective", "name": part.op, "op": part.op, "bytes": nbytes,
-                 "numel": sum(t.numel() for t in part.inputs), "allowed": refused_by is None,
+                 "numel": sum(t.numel() for t in part.inputs), "allowed": message is None,
                  "group": list(group.ranks)}  # fmt: skip
         shown = part.inputs[0].view(part.shapes[0]) if len(part.inputs) == 1 else None
-        marks.log(event, shown if refused_by is None else None)
-        if refused_by is not None:
-            message = refusal(refused_by.label, part.op, refused_by.allow)
+        marks.log_op(event, shown if message is None else None)
+        if message is not None:
             self._reply(rank, slot.ids[g], err=message, refused=True)
             self._fail(group, n, slot, f"rank {rank}'s {part.op} was refused: {message}")
         elif slot.failed is not None:
@@ -248,7 +261,7 @@ class RelaySwitch:
                 self._reply(r, slot.ids[g], err=f"relay: {e}")
             return
         for g, r in enumerate(group.ranks):
-            self._reply(r, slot.ids[g], outs[g])
+            self.probes.answer(r, parts[g].op, slot.ids[g], outs[g], outs[g].numel())
 
     # -- point to point
     def _p2p(
@@ -283,7 +296,7 @@ class RelaySwitch:
         flat = torch.cat(pieces) if pieces else flat
         event = {"kind": "p2p", "op": op, "peer": dst, "numel": flat.numel(),
                  "bytes": flat.numel() * flat.element_size()}  # fmt: skip
-        marks.log(event, pieces[0].view(shapes[0]) if len(pieces) == 1 else None)
+        marks.log_op(event, pieces[0].view(shapes[0]) if len(pieces) == 1 else None)
         key = (id(group), dst, tag)
         posted = self._posted[key]
         for i, (src, ident, nbytes) in enumerate(posted):
@@ -298,7 +311,7 @@ class RelaySwitch:
         numel = sum(math.prod(s) for s in shapes)
         nbytes = numel * torch.empty(0, dtype=dtype).element_size()
         event = {"kind": "p2p", "op": op, "peer": src, "numel": numel, "bytes": nbytes}
-        self.ranks[rank].marks.log(event, None)
+        self.ranks[rank].marks.log_op(event, None)
         key, ident = (id(group), rank, tag), head.get("id")
         mail = self._mail[key]
         for i, (sender, flat) in enumerate(mail):

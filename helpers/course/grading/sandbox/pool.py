@@ -230,8 +230,11 @@ class SandboxPool:
         if self._switch is not None:
             return self._switch(socks)
         from helpers.course.grading.relay.switch import RelaySwitch
+        from helpers.course.grading.sandbox.rank_pids import RankPids
 
-        return RelaySwitch(socks)
+        # the ranks' pids, for the memory the switch measures (the ranks cannot name them)
+        pids = RankPids([s.proc.pid if s.proc is not None else -1 for s in slots])
+        return RelaySwitch(socks, pid_of=pids)
 
     # -- the learner process
     def end_learner(self) -> None:
