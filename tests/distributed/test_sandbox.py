@@ -231,6 +231,10 @@ ATTACKS = textwrap.dedent(
         return [tried(by_name), tried(by_path), tried(lambda: open(path).read(4)), tried(compiled),
                 "__pycache__" in listing]
 
+    def reset_memory_meter():
+        ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE: /proc/self is its own again
+        return tried(lambda: open("/proc/self/clear_refs", "w").write("5"))
+
     def styles():
         import collections
         import numpy as np
@@ -544,6 +548,12 @@ def test_a_refused_module_is_absent_by_every_route(pool):
                    "FileNotFoundError", False], got  # fmt: skip
     where_allowed = pool.call("load_refused", path, learner_source=ATTACKS)
     assert [r[:3] for r in where_allowed[:3]] == ["ok:"] * 3, where_allowed  # not vacuous
+
+
+def test_a_rank_cannot_reset_what_the_os_counts_of_its_memory(pool):
+    """The grader reads a rank's memory high-water mark from outside (/proc/<pid>/status);
+    a rank that made itself dumpable could reset it through /proc/self/clear_refs."""
+    assert call(pool, "reset_memory_meter") == "OSError"  # /proc is read-only in a job
 
 
 def test_a_value_of_another_type_comes_back_as_its_plain_kind(pool):

@@ -9,6 +9,8 @@ calls) is forked from it and, before it runs anything of the learner's, calls
   queues of one job are gone when it ends and never seen by the next (another learner's);
 * a private mount namespace with fresh, size-capped tmpfs on ``/tmp``, ``/dev/shm`` and
   the scratch directory (its working directory): nothing one job writes reaches another;
+  ``/proc`` read-only (a rank that made itself dumpable could otherwise reset the memory
+  high-water mark the grader reads from outside, through ``/proc/self/clear_refs``);
 * the modules the lab refuses (its grading.toml), absent: the directory that holds a
   refused module file is covered by an empty tmpfs into which every other entry is bound
   back (read-only; ``__pycache__`` left out, so no compiled copy stays either); a refused
@@ -182,6 +184,7 @@ def enter(job: dict) -> list[str]:
     size = int(job.get("tmpfs_bytes", TMPFS_BYTES))
     for path, mode in WRITABLE:
         _cover(path, set(), mode, size)
+    _read_only("/proc")  # no /proc/self/clear_refs: the grader's reading of memory stays its own
     in_memory = hide(job.get("hide", ()))
     os.chdir(SCRATCH)
     _limits(job.get("limits", {}))
