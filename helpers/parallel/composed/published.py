@@ -135,7 +135,8 @@ def torchtitan_a100(efficiency: float = A100_EFFICIENCY) -> list[Run]:
         w = planner.Workload.llama(llama2.CONFIGS[size], 4096, norm="fused", name=f"Llama 2 {size}")
         lay = planner.evaluate(w, c, 128, dp=64, tp=1, pp=1, micro_batch=2, zero=3,
                                recompute=recompute)  # fmt: skip
-        rows.append(Run(f"Llama 2 {size}, {recompute} recomputation", "torchtitan (April 2024)",
+        label = "no recomputation" if recompute == "none" else f"{recompute} recomputation"
+        rows.append(Run(f"Llama 2 {size}, {label}", "torchtitan (April 2024)",
                         tokens, 2 * 4096 / lay.step_time, "tokens/s per GPU", lay))  # fmt: skip
     return rows
 
