@@ -213,3 +213,29 @@ def test_explorers_slow_stage_sets_the_pace():
     busy = tl.busy
     assert tl.makespan > S.simulate("1f1b", 4, 8, 1, 2).makespan and busy[2] == max(busy)
     assert stage_times(4, 1.0, 2.0, slow=7, slowdown=3.0) == ([1.0] * 4, [2.0] * 4)
+
+
+def test_timed_records_the_cpu_seconds_of_each_box_not_its_waiting():
+    # A forward that sleeps costs no CPU however long it takes; a backward that computes for
+    # 30 ms of CPU costs 30 ms, however long other programs keep it waiting for a core.
+    import time
+    from types import SimpleNamespace
+
+    from helpers.parallel.pipeline import pipeline_measure as PM
+
+    def compute(mb):
+        start = time.thread_time()
+        while time.thread_time() - start < 0.03:
+            pass
+
+    stage = SimpleNamespace(stage_index=0, group_size=1, forward_one_chunk=lambda mb: time.sleep(0.05),
+                            backward_one_chunk=compute, backward_weight_one_chunk=compute)  # fmt: skip
+    events: list = []
+    PM.timed(stage, 0, events)
+    stage.forward_one_chunk(0)
+    stage.backward_one_chunk(0)
+    (tf,), (tb,) = PM.cpu_means(events, 1)
+    assert tf < 0.01 and 0.03 <= tb < 0.2, (tf, tb)
+    assert PM.stage_means(events, 1)[0][0] >= 0.05  # the wall time counts the sleep
+    with pytest.raises(ValueError, match="no CPU seconds"):
+        PM.cpu_means(S.simulate("1f1b", 2, 2).events, 2)  # simulated ops have none

@@ -2,7 +2,9 @@
 messages; and the simulation fed with what was measured.
 
 * ``timed(stage, rank, events)``: the start and end of every forward (F), backward (B; the
-  input gradient only in zero-bubble schedules) and weight gradient (W) a stage runs.
+  input gradient only in zero-bubble schedules) and weight gradient (W) a stage runs, and
+  the CPU seconds its thread spent in it (``cpu_means``: what the work cost, which other
+  programs' load does not stretch, where the wall time also counts waiting for a core).
   ``measured_timeline`` turns those timestamps (one clock for all local processes:
   time.perf_counter is CLOCK_MONOTONIC) into the Timeline helpers.parallel.pipeline.schedules.simulate
   returns, so both can be drawn side by side; ``simulate_like`` is that simulation.
@@ -19,12 +21,12 @@ import torch
 
 from helpers.parallel.pipeline.schedules import Event, Timeline, simulate
 
-__all__ = ["timed", "SavedBytes", "SentBytes", "measured_timeline", "stage_means",
+__all__ = ["timed", "SavedBytes", "SentBytes", "measured_timeline", "stage_means", "cpu_means",
            "weight_means", "gaps", "peak_in_flight", "simulate_like"]  # fmt: skip
 
 
 def timed(stage, rank: int, events: list):
-    """Record (kind, micro-batch, start, end) of every F, B and W this stage runs.
+    """Record (kind, micro-batch, start, end, CPU seconds) of every F, B and W this stage runs.
 
     Wrapping the stage's own compute methods keeps sends and receives out of the
     measured boxes: what is left between boxes is waiting (the bubble) or communication.
@@ -33,9 +35,10 @@ def timed(stage, rank: int, events: list):
 
     def wrap(method, kind):
         def run(mb, *args, **kwargs):
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.thread_time()  # autograd runs CPU work here
             out = method(mb, *args, **kwargs)
-            events.append(Event(rank, kind, mb, t0, time.perf_counter(), chunk))
+            cpu = time.thread_time() - cpu0
+            events.append(Event(rank, kind, mb, t0, time.perf_counter(), chunk, cpu))
             return out
 
         return run
@@ -154,14 +157,17 @@ def measured_timeline(per_rank_events: list[list[Event]], m: int, v: int = 1, na
     return tl
 
 
-def _means(events: list[Event], p: int, kinds: str) -> list[float]:
-    """Per rank: the mean duration of its ops of each kind in ``kinds``, chunks summed."""
+def _means(events: list[Event], p: int, kinds: str, cpu: bool = False) -> list[float]:
+    """Per rank: the mean duration (or CPU seconds) of its ops of each kind in ``kinds``,
+    chunks summed."""
     out = [0.0] * p
     for s in range(p):
         durs: dict[tuple, list[float]] = {}
         for e in events:
             if e.stage == s and e.kind in kinds:
-                durs.setdefault((e.kind, e.chunk), []).append(e.end - e.start)
+                if cpu and e.cpu is None:
+                    raise ValueError(f"{e} has no CPU seconds: only ops that timed() ran do")
+                durs.setdefault((e.kind, e.chunk), []).append(e.cpu if cpu else e.end - e.start)
         out[s] = sum(sum(ds) / len(ds) for ds in durs.values())
     return out
 
@@ -169,6 +175,11 @@ def _means(events: list[Event], p: int, kinds: str) -> list[float]:
 def stage_means(events: list[Event], p: int) -> tuple[list[float], list[float]]:
     """Mean forward and whole-backward (B + W) time of one micro-batch on each rank."""
     return _means(events, p, "F"), _means(events, p, "BW")
+
+
+def cpu_means(events: list[Event], p: int) -> tuple[list[float], list[float]]:
+    """Mean CPU seconds of a forward and of a whole backward (B + W) on each rank."""
+    return _means(events, p, "F", cpu=True), _means(events, p, "BW", cpu=True)
 
 
 def weight_means(events: list[Event], p: int) -> list[float]:

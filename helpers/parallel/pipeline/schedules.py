@@ -51,6 +51,7 @@ class Event(NamedTuple):
     start: float
     end: float
     chunk: int = 0
+    cpu: float | None = None  # CPU seconds the op's thread spent in it (measured ops only)
 
 
 @dataclass
