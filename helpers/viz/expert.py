@@ -8,19 +8,27 @@ from helpers.viz.common import new_figure
 
 
 def plot_load(loads: dict, cap: int | None, measured_on: str | None, title: str,
-              cap_label: str = "capacity"):  # fmt: skip
+              cap_label: str = "capacity", dropped: dict | None = None):  # fmt: skip
     """One bar chart per routing: assignments per expert, and the capacity as a dashed line
-    (labelled ``cap_label``). loads: {name: [count per expert]}."""
+    (labelled ``cap_label``). loads: {name: [count per expert]}. Without ``dropped``, a bar over
+    the capacity is red (one source: its excess is what is dropped); with it ({name: [dropped
+    per expert]}), each bar's dropped part is red, however the drops were decided."""
     from matplotlib.ticker import MaxNLocator
 
     fig, axes = new_figure(title, measured_on, ncols=len(loads), width=4.2)
     for ax, (name, load) in zip(axes, loads.items(), strict=True):
         load = [int(c) for c in load]
-        ax.bar(
-            range(len(load)),
-            load,
-            color=["tab:red" if cap and c > cap else "tab:blue" for c in load],
-        )
+        if dropped is None:
+            ax.bar(
+                range(len(load)),
+                load,
+                color=["tab:red" if cap and c > cap else "tab:blue" for c in load],
+            )
+        else:
+            lost = [int(c) for c in dropped[name]]
+            kept = [c - d for c, d in zip(load, lost, strict=True)]
+            ax.bar(range(len(load)), kept, color="tab:blue", label="kept")
+            ax.bar(range(len(load)), lost, bottom=kept, color="tab:red", label="dropped")
         if cap:
             ax.axhline(cap, color="k", ls="--", lw=1, label=f"{cap_label} {cap}")
             ax.legend(fontsize=7)
@@ -29,6 +37,41 @@ def plot_load(loads: dict, cap: int | None, measured_on: str | None, title: str,
         ax.set_xlabel("expert")
         ax.set_ylabel("token assignments")
         ax.set_title(name, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def plot_mean_load(runs: dict, measured_on: str, last: int = 20):
+    """One panel per setup: each expert's load averaged over the ``last`` steps, experts sorted
+    busiest first, the seeds' mean as bars and their range as whiskers (the router's lasting
+    preference: one batch's noise averages out); dotted, the mean load; red, a step's busiest
+    expert averaged over the same steps (what each step pays). runs: {name: [RunResult]}."""
+    import numpy as np
+
+    fig, axes = new_figure(f"load per expert, averaged over the last {last} steps, and what one step pays",
+                           measured_on, ncols=len(runs), width=3.4)  # fmt: skip
+    top = 0.0
+    for ax, (name, results) in zip(axes, runs.items(), strict=True):
+        window = [
+            np.array(r.load[-last:], dtype=float) for r in results
+        ]  # [seed] -> [step, expert]
+        sorted_mean = np.array(
+            [-np.sort(-w.mean(0)) for w in window]
+        )  # [seed, expert], busiest first
+        busiest_step = np.mean([w.max(1).mean() for w in window])
+        mean = sorted_mean.mean(0)
+        err = [mean - sorted_mean.min(0), sorted_mean.max(0) - mean]
+        ax.bar(range(len(mean)), mean, yerr=err, capsize=2, color="tab:blue")
+        ax.axhline(window[0].sum(1).mean() / window[0].shape[1], color="0.5", lw=1, ls=":")
+        ax.axhline(busiest_step, color="tab:red", lw=1.2, ls="--", label="a step's busiest")
+        top = max(top, busiest_step, float(sorted_mean.max()))
+        ax.set_xticks(range(len(mean)), [str(i + 1) for i in range(len(mean))], fontsize=7)
+        ax.set_xlabel("experts, busiest first")
+        ax.set_title(name, fontsize=9)
+        ax.legend(fontsize=7, loc="upper right")
+    axes[0].set_ylabel("assignments per step")
+    for ax in axes:
+        ax.set_ylim(0, 1.15 * top)
     fig.tight_layout()
     return fig
 
@@ -87,12 +130,27 @@ def plot_imbalance(runs: dict, measured_on: str):
 
 
 def plot_a2a_time(sizes: list, seconds: list, fit, measured_on: str):
-    """All-to-all time against the bytes a rank sends, and the least-squares alpha + beta n."""
+    """All-to-all time against the bytes a rank sends: the median of the repeats (dots) and
+    their range (whiskers), and the least-squares alpha + beta n. seconds: [repeats per size]."""
+    import statistics
+
     fig, (ax,) = new_figure("one all_to_all_single: time against bytes", measured_on)
-    ax.loglog(sizes, [1e3 * s for s in seconds], "o", label="measured (median)")
+    med = [1e3 * statistics.median(s) for s in seconds]
+    low = [m - 1e3 * min(s) for m, s in zip(med, seconds, strict=True)]
+    high = [1e3 * max(s) - m for m, s in zip(med, seconds, strict=True)]
+    ax.errorbar(
+        sizes,
+        med,
+        yerr=[low, high],
+        fmt="o",
+        capsize=3,
+        label="measured: median, range of the repeats",
+    )
     alpha, beta = fit
-    ax.loglog(sizes, [1e3 * (alpha + beta * n) for n in sizes], "--",
-              label="alpha + beta n (least squares)")  # fmt: skip
+    ax.plot(sizes, [1e3 * (alpha + beta * n) for n in sizes], "--",
+            label="alpha + beta n (least squares)")  # fmt: skip
+    ax.set_xscale("log")
+    ax.set_yscale("log")
     ax.set_xlabel("bytes a rank sends")
     ax.set_ylabel("ms")
     ax.legend(fontsize=8)
@@ -121,8 +179,10 @@ def explorer(draw, tokens: int = 4096):
     def show(n_experts, k, ranks, factor, skew):
         k = min(k, n_experts)
         res = draw(tokens, n_experts, k, ranks, factor, skew)
-        fig = plot_load({f"E = {n_experts}, top-{k}": res["load"].tolist()}, ranks * res["capacity"],
-                        None, f"{tokens:,} tokens on {ranks} ranks", "N x capacity per source")  # fmt: skip
+        name = f"E = {n_experts}, top-{k}"
+        fig = plot_load({name: res["load"].tolist()}, ranks * res["capacity"] if res["capacity"] else None,
+                        None, f"{tokens:,} tokens on {ranks} ranks", "N x capacity per source",
+                        dropped={name: res["drops"].tolist()})  # fmt: skip
         plt.show()
         sent, got = res["bytes"].sum(1), res["bytes"].sum(0)
         verdict.value = (f"dropped <b>{int(res['drops'].sum()):,}</b> of {tokens * k:,} assignments "

@@ -260,3 +260,26 @@ def test_mixtral_counts():
     c = MOE.moe_counts(dim=4096, hidden=14336, n_experts=8, k=2)
     assert round(c["params"] * 32 / 1e9, 1) == 45.1  # of Mixtral 8x7B's 46.7B, the rest attention
     assert c["active_params"] / c["params"] == pytest.approx(0.25, abs=1e-3)
+
+
+def test_balance_measures_and_the_bias_rule_reading_a_probe():
+    """A step's busiest / mean, the averaged load's busiest / mean and the step-to-step change,
+    on a load that alternates (the bias's swing): each step 1.5x, on average even, each expert changing by 32 a step.
+    ``train`` hands the bias rule the probe batch's counts (probe x k assignments), not the
+    training batch's (tokens x k)."""
+    from helpers.parallel.expert import balance as BAL
+
+    run = BAL.RunResult(load=[[48, 16], [16, 48]] * 5)
+    assert run.imbalance(4) == pytest.approx(1.5) and run.mean_load_imbalance(4) == pytest.approx(
+        1.0
+    )
+    assert run.swing(4) == pytest.approx(32.0) and run.imbalance(2, end=2) == pytest.approx(1.5)
+    assert BAL.RunResult(load=[[40, 24]] * 4).swing(4) == 0.0
+    seen = []
+
+    def spy(bias, counts, rate):
+        seen.append(int(counts.sum()))
+        return ROUTER.update_bias(bias, counts, rate)
+
+    res = BAL.train("bias", steps=2, tokens=32, probe=96, update=spy)
+    assert seen == [96 * 2] * 2 and all(sum(step) == 32 * 2 for step in res.load)

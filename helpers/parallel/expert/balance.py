@@ -17,7 +17,7 @@ import torch
 
 from helpers.parallel.expert.capacity import capacity
 from helpers.parallel.expert.moe import Experts, moe_serial
-from helpers.parallel.expert.router import expert_counts, switch_aux_loss, update_bias
+from helpers.parallel.expert.router import expert_counts, router_topk, switch_aux_loss, update_bias
 
 __all__ = ["RunResult", "Task", "train"]
 
@@ -55,17 +55,40 @@ class RunResult:
         values = getattr(self, name)[-last:]
         return sum(values) / len(values)
 
-    def imbalance(self, last: int = 20) -> float:
-        """The busiest expert's load over the mean load, averaged over the last steps."""
-        ratios = [max(step) / (sum(step) / len(step)) for step in self.load[-last:]]
+    def imbalance(self, last: int = 20, end: int | None = None) -> float:
+        """What a step pays: each step's busiest expert over its mean load, averaged over the
+        ``last`` steps up to step ``end`` (default: the run's last step)."""
+        end = end or len(self.load)
+        ratios = [max(step) / (sum(step) / len(step)) for step in self.load[end - last : end]]
         return sum(ratios) / len(ratios)
+
+    def mean_load_imbalance(self, last: int = 20, end: int | None = None) -> float:
+        """The router's lasting preference: the busiest expert over the mean of each expert's
+        load averaged over the ``last`` steps up to ``end`` (the batches' noise averages out)."""
+        end = end or len(self.load)
+        window = self.load[end - last : end]
+        mean = [sum(step[e] for step in window) / len(window) for e in range(len(window[0]))]
+        return max(mean) / (sum(mean) / len(mean))
+
+    def swing(self, last: int = 40, end: int | None = None) -> float:
+        """How much each expert's load changes from one step to the next (assignments, the mean
+        over the experts and the ``last`` steps up to ``end``): one batch's chance alone, or a
+        balancing that moves the load around."""
+        end = end or len(self.load)
+        window = self.load[end - last : end]
+        pairs = zip(window[:-1], window[1:], strict=True)
+        changes = [abs(b - a) for s, t in pairs for a, b in zip(s, t, strict=True)]
+        return sum(changes) / len(changes)
 
 
 def train(balancing: str = "none", n_experts: int = 8, k: int = 2, steps: int = 150,
           tokens: int = 256, seed: int = 0, factor: float | None = None, alpha: float = 0.05,
           rate: float = 0.01, lr: float = 0.01, init: float = 0.3, task: Task | None = None,
-          route: dict | None = None) -> RunResult:  # fmt: skip
-    """One short training run (see the module's docstring); returns its per-step record."""
+          route: dict | None = None, update=update_bias, probe: int = 0) -> RunResult:  # fmt: skip
+    """One short training run (see the module's docstring); returns its per-step record.
+    ``update(bias, counts, rate)``: the bias's rule after each step (DeepSeek-V3's sign step by
+    default); ``probe``: the rule reads the counts of a separate batch of this many tokens,
+    routed by the same router (a larger batch's, less noisy counts), not the training batch's."""
     task = task or Task()
     g = torch.Generator().manual_seed(seed)
     router = (torch.randn(task.dim, n_experts, generator=g) * init).requires_grad_()
@@ -74,6 +97,7 @@ def train(balancing: str = "none", n_experts: int = 8, k: int = 2, steps: int = 
     bias = torch.zeros(n_experts)
     cap = None if factor is None else capacity(tokens, k, n_experts, factor)
     result = RunResult()
+    g_probe = torch.Generator().manual_seed(10_000 + seed)
     for _ in range(steps):
         x, y = task.batch(tokens, g)
         res = moe_serial(
@@ -89,9 +113,15 @@ def train(balancing: str = "none", n_experts: int = 8, k: int = 2, steps: int = 
         total.backward()
         opt.step()
         counts = expert_counts(res.routing.experts, n_experts)
-        if balancing == "bias":
-            bias = update_bias(bias, counts, rate)
         result.loss.append(loss.item())
         result.load.append(counts.tolist())
+        if balancing == "bias" and probe:
+            with torch.no_grad():
+                routed = router_topk(
+                    task.batch(probe, g_probe)[0] @ router, k, bias, **(route or {})
+                )
+                counts = expert_counts(routed.experts, n_experts)
+        if balancing == "bias":
+            bias = update(bias, counts, rate)
         result.dropped.append(1 - res.kept.float().mean().item())
     return result

@@ -12,9 +12,9 @@ returns what the lesson needs:
                     and set by the busiest receiver
     dispatch_s, experts_s, combine_s, backward_s
                     each part alone, all ranks started together (a barrier before each)
-    experts_cpu_s   the CPU seconds of this thread in the experts (the least of the repeats): the
-                    work itself, which CPU ranks sharing cores blur far less than the wall time
-                    (on a GPU the kernels run elsewhere: 0)
+    experts_cpu_s   the CPU seconds of this process in the experts, every thread counted (the
+                    least of the repeats): the work itself, which CPU ranks sharing cores blur
+                    far less than the wall time (on a GPU the kernels run elsewhere: 0)
     peak_bytes      the most tensor memory the layer's forward and backward held at once: the
                     received rows and the experts' activations grow with the rank's load
 
@@ -40,18 +40,19 @@ __all__ = ["time_layer"]
 
 
 def _timed(fn, device, repeats: int, group, barrier: bool = True):
-    """(median wall seconds, least CPU seconds of this thread, last result) of fn(): the least,
-    because CPU time counts work, and a busy machine can only add to it (caches, shared cores)."""
+    """(median wall seconds, least CPU seconds of this process, last result) of fn(): the least,
+    because CPU time counts work, and a busy machine can only add to it (caches, shared cores).
+    The process's CPU time counts torch's intra-op threads too (a rank with several threads)."""
     walls, cpus, out = [], [], None
     for _ in range(repeats):
         if barrier:
             tdist.barrier(group=group)
         devices.synchronize(device)
-        start, cpu = time.perf_counter(), time.thread_time()
+        start, cpu = time.perf_counter(), time.process_time()
         out = fn()
         devices.synchronize(device)
         walls.append(time.perf_counter() - start)
-        cpus.append(time.thread_time() - cpu)
+        cpus.append(time.process_time() - cpu)
     return statistics.median(walls), min(cpus), out
 
 
