@@ -20,6 +20,7 @@ messages sit on the critical path of every layer, where DP's overlap the backwar
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import torch
@@ -36,14 +37,16 @@ from helpers.viz.common import machine_label
 # Links, per GPU and direction, as the all-reduce of a TP group sees them, on the sites' GPU
 # nodes. Every figure is a row of notebook 02's table (helpers.parallel.collectives.
 # published_comm.LINKS, with its sources): the published all-reduce bus bandwidth where one
-# exists (NCCL on 8 A100 through NVSwitch: Jean Zay's A100 nodes), otherwise the link's line
-# rate, which bounds a transfer's time from below only. The sites' 4-GPU nodes join their GPUs
+# exists (NVIDIA/nccl-tests#175: NCCL on an 8-A100 NVSwitch system, the kind of node Jean Zay's
+# A100 partition has; measured there, not at Jean Zay), otherwise the link's line rate, which
+# bounds a transfer's time from below only. The sites' 4-GPU nodes join their GPUs
 # directly, without an NVSwitch (Perlmutter's A100: 4 NVLink 3 links to each of 3 peers; Jean
 # Zay's H100: 6 NVLink 4 links to each), and no all-reduce figure has been published for such a
 # mesh; Engaging's 4 H200 per node are not described publicly (`nvidia-smi topo -m` says how
 # they are joined: if by NVLink 4, the H100 row applies). Engaging's L40S nodes have no NVLink:
-# PCIe 4.0 x16. Between nodes: one 200 Gb/s port per GPU (HDR InfiniBand; Perlmutter's
-# Slingshot-11 NICs), line rate. The 8-GPU NVSwitch H100/H200 figures (367 GB/s ring, 482 with
+# PCIe 4.0 x16. Between nodes: one 200 Gb/s port per GPU, line rate: Perlmutter's (4 Slingshot-11
+# NICs for the 4 A100 of a GPU node, NERSC's architecture page); the workbook has not checked
+# Jean Zay's or Engaging's GPU nodes (with 400 Gb/s ports every network time halves). The 8-GPU NVSwitch H100/H200 figures (367 GB/s ring, 482 with
 # NVLink SHARP) belong to no site's nodes and are left out. The seeds give no link speeds
 # ("fast NVLinks within a node, Infiniband across nodes").
 _SITE_LINKS = {  # label: the row of published_comm.LINKS it comes from
@@ -61,11 +64,17 @@ def _site_links() -> dict[str, float]:
         row = rows[name]
         measured = row["busbw_GBps"] is not None
         gbps = row["busbw_GBps"] if measured else row["spec_GBps"]
-        out[f"{label}, {'measured' if measured else 'line rate'}"] = gbps * 1e9
+        # a published figure is labelled with where it was measured (its issue), not as the site's
+        source = re.search(r"nccl-tests#\d+", row["measured"]) if measured else None
+        if measured and source is None:
+            raise ValueError(f"{name}: a measured row must name its nccl-tests issue")
+        out[f"{label}, {source.group(0) if measured else 'line rate'}"] = gbps * 1e9
     return out | {"network, 200 Gb/s per GPU": 25e9}
 
 
-LINKS = _site_links()  # {label (ends with "measured" or "line rate" for NVLink/PCIe): bytes/s}
+# {label: bytes/s}; an NVLink/PCIe label ends with "line rate" or with the nccl-tests issue that
+# published its all-reduce bus bandwidth; the network is Perlmutter's, 200 Gb/s per GPU
+LINKS = _site_links()
 
 
 _NAMES = {  # dispatcher operator -> (collective, how to find the full tensor's bytes)
