@@ -2,8 +2,10 @@
 
 ``signature(method, args)`` reads the arguments torch passes a process group's backend method
 (``allreduce(tensors, opts)``, ``_allgather_base(out, x, opts)``, ...) and returns the name a
-learner knows and a text that must be the same on every rank of the group, as NCCL needs it
-(torch's ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` compares the same things, for its own backends).
+learner knows and a text that must be the same on every rank of the group, as NCCL needs it:
+the kind, the number of elements of each tensor (NCCL moves counts, not shapes: a 0-d tensor
+meets a [1] one, as DeepSpeed's pipeline stages all-reduce their loss), the dtype, root and
+reduce op (torch's ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` compares shapes too, for its backends).
 An all-to-all's splits and a gather's or scatter's root lists legitimately differ between
 ranks: only what must agree is in the text.
 """
@@ -27,8 +29,8 @@ NAMES = {
 
 
 def _t(x) -> str:
-    """float32[4, 8]"""
-    return f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}"
+    """'32 float32': NCCL moves a count of elements; a [4, 8] tensor meets a [32] one."""
+    return f"{x.numel()} {str(x.dtype).removeprefix('torch.')}"
 
 
 def _ts(xs) -> str:
@@ -41,8 +43,8 @@ def _op(opts) -> str:
 
 
 def _row(x) -> str:
-    """An all-to-all's dtype and row shape: the number of rows per rank may differ."""
-    return f"{str(x.dtype).removeprefix('torch.')}[*, {', '.join(map(str, x.shape[1:]))}]"
+    """An all-to-all's dtype: how many elements go to each rank may differ."""
+    return str(x.dtype).removeprefix("torch.")
 
 
 def signature(method: str, args: tuple) -> tuple[str, str]:

@@ -93,8 +93,8 @@ def test_a_shape_mismatch_and_a_skipped_collective_fail_naming_both_ranks(tmp_pa
         assert not r["ok"], r
         error = r["error"]
         assert "collective #1 of this group differs between ranks" in error, error
-        assert "all_gather_into_tensor(float32[8] <- float32[4])" in error, error
-        assert "all_gather_into_tensor(float32[16] <- float32[8])" in error, error
+        assert "all_gather_into_tensor(8 float32 <- 4 float32)" in error, error
+        assert "all_gather_into_tensor(16 float32 <- 8 float32)" in error, error
         assert error.count("program.py:12: tdist.all_gather_into_tensor(out, x)") >= 2, error
     skipped = run_ranks(program, ["skip"], "strict", 2, timeout=120)
     for r in skipped:
