@@ -66,6 +66,11 @@ class EventSender:
     ``label=None``, the rank's probe connection (marks and gates outside a recording)."""
 
     def __init__(self, address: str, label: str | None, seq: int, sync: bool = False):
+        if not _PREPARED:  # the memory samples count tensors as they live (os_memory)
+            from helpers.course.grading.recorder import os_memory
+
+            os_memory.prepare_allocator()
+            _PREPARED.append(True)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.connect(address)
         self.sync = sync  # the log samples memory as the recording opens and closes: wait for it
@@ -97,6 +102,7 @@ class EventSender:
 
 
 _SEQ = [0]  # connections opened by this process, in order
+_PREPARED: list = []  # this process's allocator is set for the memory samples
 _PROBE: dict[str, EventSender] = {}  # address -> this process's probe connection
 _OPEN: list[EventSender] = []  # this process's recordings open now, innermost last
 _ACTIVE: list[EventLog] = []  # the EventLogs open (entered) in this process, innermost last

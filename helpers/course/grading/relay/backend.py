@@ -332,6 +332,7 @@ def connect(fd: int, rank: int, world_size: int, strict: bool = False) -> None:
     if _CHANNEL:
         raise RelayError("this process is already connected to the relay")
     os_memory.prepare_allocator()  # tensors resident exactly while they live (memory tests)
+    os_memory.measurable()  # a grader that is not root can reset this rank's peak memory
     if NAME not in tdist.Backend.backend_list:
         create = _create_strict if strict else _create
         devices = ["cpu", standin_device_type()] if strict else ["cpu"]
