@@ -110,7 +110,8 @@ def plot_layouts(layouts, cluster, top: int = 8, title: str = "", tie: float = 0
     handles, labels = ax_t.get_legend_handles_labels()
     ax_m.barh(names, [lay.memory_gb for lay in layouts], color="0.6")
     ax_m.axvline(cluster.usable_gb, color="r", ls="--",
-                 label=f"usable: {cluster.usable_gb:.1f} of {cluster.gpu_memory_gb:g} GB")  # fmt: skip
+                 label=f"usable: {cluster.usable_gb:.1f} of {cluster.gpu_memory_gb:.1f} GB "
+                       f"({cluster.gpu_memory_gib:g} GiB)")  # fmt: skip
     ax_m.set_xlabel("estimated GB per GPU")
     more, words = ax_m.get_legend_handles_labels()
     fig.suptitle(title or "Planner: fastest layouts first (estimates, not measurements)")

@@ -16,7 +16,9 @@ from helpers.parallel.sharded.memory import saved_activation_bytes
         ("megatron", 8, 18),  # Megatron Core's table: bf16 params, fp32 grads, non-distributed
         ("megatron-distopt", 8, 6 + 12 / 8),  # ... distributed optimizer: 6 + 12/d
         ("megatron-fp16", 8, 20),  # fp16 params and grads: 20
-        ("deepspeed-zero1-bf16", 4, 6 + 12 / 4),  # BF16_Optimizer: fp32 gradient buffer
+        ("deepspeed-zero1-bf16", 4, 2 + 2 + (4 + 8 + 4) / 4),  # its default: bf16 gradients
+        ("deepspeed-zero1-bf16-fp32-accum", 4, 6 + 12 / 4),  # BF16_Optimizer: fp32 gradients
+        ("megatron-fp16-torch-ddp", 8, 20 + 2),  # + torch DDP's bucket copy of fp16 gradients
         ("ddp", 8, 4 + 4 + 8 + 4 + 4),  # + the bucket copy and Adam's foreach temporary
         ("ddp-bucket-view", 8, 4 + 4 + 8 + 4),  # the gradients are the buckets
         ("fsdp2-bf16", 8, (4 + 4 + 8 + 4) / 8),
@@ -74,3 +76,28 @@ def test_a_fused_norm_saves_less():
     assert eager - fused == 4096 * 2 * (10 * 5120 + 4 - (2 * 5120 + 4))  # two norms
     with pytest.raises(ValueError, match="eager"):
         workloads.llama_block_bytes(args, 4096, norm="triton")
+    # Megatron's own estimate (theoretical_memory_usage.py): s h (18 + 4 f / h), all split by TP
+    meg = workloads.megatron_block_bytes(args, 4096)
+    assert meg == {"block": 4096 * (18 * 5120 + 4 * 13824), "replicated": 0.0}
+    assert meg["block"] < fused < eager
+
+
+def _torchtitan_rmsnorm(norm, x):
+    """torchtitan's 2024 eager RMSNorm (torchtitan/models/norms.py), written out: x cast to
+    fp32 once, normalised, cast back, scaled."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + norm.eps)).type_as(x) * norm.weight
+
+
+def test_the_torchtitan_norm_rule_is_what_autograd_saves():
+    args = llama2.ModelArgs(dim=128, n_layers=1, n_heads=4, vocab_size=64, multiple_of=32,
+                            max_seq_len=32)  # fmt: skip
+    torch.manual_seed(0)
+    block = llama2.TransformerBlock(args).to(torch.bfloat16)
+    for norm in (block.attention_norm, block.ffn_norm):
+        norm.forward = lambda x, norm=norm: _torchtitan_rmsnorm(norm, x)
+    rope = llama2.rotary_tables(args.head_dim, 32, 1e4)
+    x = torch.randn(2, 32, 128, dtype=torch.bfloat16, requires_grad=True)
+    counted = saved_activation_bytes(lambda t: block(t, rope), x, params=block)
+    rule = workloads.llama_block_bytes(args, 32, 2, norm="torchtitan")["block"]
+    assert counted == 2 * rule - 4 * args.head_dim * 32  # the rotary table saved once

@@ -20,8 +20,15 @@ that shard the states (the data-parallel replicas):
     Megatron distributed   2        4      4            8      master, Adam: 6 + 12/d
     Megatron, fp16 (2021)  2        2      4 (+4)       8      nothing: 20           fp32 copies of the
                                                                                      gradients at the step
-    DeepSpeed ZeRO-1 bf16  2        4      4            8      master, Adam: 6 + 12/d  (BF16_Optimizer, fp32
-                                                                                     grad accumulation)
+    Megatron fp16, torch DDP  as above                                       + DDP's flat copy of the fp16
+                                                                                     gradients (2): Megatron-LM 2021
+                                                                                     with --DDP-impl torch
+    DeepSpeed ZeRO-1 bf16  2        2      4 (+4)       8      master, Adam          reduce bucket 5e8 values
+                                                                                     (its default: the stage-1
+                                                                                     ZeRO optimizer, bf16 grads)
+    ... fp32 accumulation  2        4      4            8      master, Adam: 6 + 12/d  (BF16_Optimizer: only with
+                                                                                     data_types.grad_accum_dtype
+                                                                                     = "fp32")
     DeepSpeed ZeRO-2 bf16  2        2      4 (+4)       8      grads, master, Adam   reduce bucket 5e8 values
     DeepSpeed ZeRO-3 bf16  2        2      4 (+4)       8      all                   2 gathered blocks, bucket
 
@@ -30,11 +37,15 @@ memory size will be equal to the total gradients size"); torch's ``fully_shard``
 ``MixedPrecisionPolicy`` docs (parameters kept sharded in fp32, all-gathered in
 ``param_dtype``, gradients reduced in ``reduce_dtype``; the next block's all-gather is issued
 before this one computes); Megatron Core's "Distributed Optimizer" guide (the table
-20 / 4 + 16/d, 18 / 6 + 12/d, 16 / 8 + 8/d); DeepSpeed 0.19.8 (``runtime/bf16_optimizer.py``
+20 / 4 + 16/d, 18 / 6 + 12/d, 16 / 8 + 8/d); DeepSpeed 0.19.8 (``runtime/engine.py``:
+``get_data_types`` takes the gradients' dtype from the model's unless ``grad_accum_dtype`` is
+set, and ``_do_optimizer_sanity_check`` picks BF16_Optimizer for ZeRO-1 only with bf16 weights
+and fp32 accumulation, else the ZeRO optimizer; ``runtime/bf16_optimizer.py``
 keeps an fp32 gradient buffer the size of its bf16 parameters; ``zero/config.py``:
 ``reduce_bucket_size`` and ``allgather_bucket_size`` default to 5e8 elements). The rows
-marked "measured" in tests/unit/test_frameworks.py are checked on CPU ranks (the DDP bucket
-copy, FSDP2's gathered blocks); the others are the frameworks' own tables.
+measured on CPU ranks (the DDP bucket copy, FSDP2's gathered blocks:
+``framework_probe``, run by notebook 07 section 7 and tests/distributed/test_planner_validation.py)
+are DDP's and FSDP2's; the others are the frameworks' own tables.
 
 When: a training loop that calls ``zero_grad(set_to_none=True)`` (torch's default) frees the
 gradients autograd allocates, so they are absent at the end of the forward, where the
@@ -45,22 +56,22 @@ than one micro-batch per step (accumulation, or a pipeline) they are there from 
 micro-batch's forward on: DDP without the bucket view then holds the gradients twice. The
 planner takes the larger of the two peaks (plancost.memory).
 
-Beyond the states, ``CONTEXT_NCCL_GIB`` stands for the CUDA context and NCCL's buffers
-(``helpers.gpus.RESERVE_GIB``: not measured here; NCCL alone keeps NCCL_BUFFSIZE, 4 MiB by
-default, per channel and peer of each communicator), and ``MARGIN`` for what the caching
+Beyond the states, ``CONTEXT_NCCL_GIB`` (2 GiB) stands for the CUDA context and NCCL's buffers
+(not measured here; NCCL alone keeps NCCL_BUFFSIZE, 4 MiB by default, per channel and peer of
+each communicator), and ``MARGIN`` for what the caching
 allocator reserves beyond what tensors hold (fragmentation): a layout *fits* when its
-estimate stays under (GPU memory - context and NCCL) x (1 - MARGIN).
+estimate stays under (GPU memory - context and NCCL) x (1 - MARGIN), the GPU's memory in GiB
+as ``helpers.gpus`` gives it (an "80 GB" A100 has 80 GiB, 85.9 GB).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from helpers.gpus import RESERVE_GIB
-
 __all__ = ["Framework", "FRAMEWORKS", "CONTEXT_NCCL_GIB", "MARGIN", "zero_paper", "lookup"]
 
-CONTEXT_NCCL_GIB = RESERVE_GIB  # CUDA context + NCCL buffers per GPU (a stated allowance)
+CONTEXT_NCCL_GIB = 2.0  # CUDA context + NCCL buffers per GPU (a stated allowance, no allocator
+# slack: MARGIN is the allocator's; the dry run's helpers.gpus.RESERVE_GIB counts both at once)
 MARGIN = 0.10  # of what is left: the allocator's slack and fragmentation (a stated margin)
 _PARTS = ("weights", "grads", "master", "moments")
 
@@ -213,14 +224,37 @@ FRAMEWORKS: dict[str, Framework] = {
             source=_MEG + ": fp16 params and grads, 20 (Megatron-LM 2021, --fp16)",
         ),  # fmt: skip
         Framework(
+            "megatron-fp16-torch-ddp",
+            2,
+            2,
+            4,
+            8,
+            bucket=2,
+            step_copy=4,
+            source=_MEG + " + torch DDP's flat copy of the fp16 gradients (Megatron-LM 2021, "
+            "--DDP-impl torch)",
+        ),  # fmt: skip
+        Framework(
             "deepspeed-zero1-bf16",
+            2,
+            2,
+            4,
+            8,
+            ("master", "moments"),
+            step_copy=4,
+            fixed_bytes=2 * 5e8,
+            zero=1,
+            source=_DS + ": its default, the ZeRO stage-1 optimizer with bf16 gradients",
+        ),  # fmt: skip
+        Framework(
+            "deepspeed-zero1-bf16-fp32-accum",
             2,
             4,
             4,
             8,
             ("master", "moments"),
             zero=1,
-            source=_DS + ": BF16_Optimizer, fp32 gradient buffer",
+            source=_DS + ": BF16_Optimizer, only with data_types.grad_accum_dtype='fp32'",
         ),  # fmt: skip
         Framework(
             "deepspeed-zero2-bf16",

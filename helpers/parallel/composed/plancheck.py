@@ -69,7 +69,7 @@ def machines(rounds: list[dict], workload: planner.Workload, rows: tuple[int, in
                               [p[f"all-reduce {n}"] for n in sizes])  # fmt: skip
         gbs = links.bandwidth / 1e9
         out.append(planner.Cluster(
-            nodes=1, gpus_per_node=world, gpu_memory_gb=1e6, peak_tflops=r["rate"] / 1e12,
+            nodes=1, gpus_per_node=world, gpu_memory_gib=1e6, peak_tflops=r["rate"] / 1e12,
             efficiency=1.0, intra_gbs=gbs, inter_gbs=gbs, latency_s=links.alpha, overlap=False,
             cores=cores, layer_overhead_s=r["block"], ddp_overhead_s=r["ddp"],
             memory_gbs=r["memory_gbs"], fsdp_overhead_s=r["fsdp"], reserve_gb=0.0, margin=0.0,

@@ -16,11 +16,13 @@ Memory of one pipeline stage on one GPU (bytes):
 Step time (seconds), per micro-batch on a stage: compute = the matmuls' FLOPs at the cluster's
 efficiency times their shape's share of it (``gemm_efficiency``: time = FLOPs / rate + bytes /
 bandwidth, so few tokens or a narrow TP split run slower) plus the memory-bound work around
-them (``ELEMENTWISE_PASSES`` x the saved bytes / bandwidth: norms, activations, softmax, the
-attention scores when they are stored), plus a fixed cost per block; full recomputation runs
-the forward again (4/3 of the FLOPs, one more pass over the saved bytes), selective the
-attention scores; DDP's bookkeeping once per step; TP's all-reduces (2 per transformer block
-forward and 2 backward, 3 + 3 with full recomputation) and PP's two sends. Then
+them (``Cluster.elementwise_passes``, 4 by a count, x the saved bytes / bandwidth: norms,
+activations, softmax, the attention scores when they are stored), plus a fixed cost per block;
+full recomputation runs the forward again (4/3 of the FLOPs, one more pass over the saved
+bytes), selective the attention scores; DDP's bookkeeping once per step; TP's all-reduces (2 per
+transformer block forward and 2 backward, 3 + 3 with full recomputation) and PP's two sends
+(with Megatron's scatter/gather, Narayanan et al. section 4.1, each TP rank sends 1/tp of the
+boundary across the nodes and the TP group all-gathers it on arrival). Then
 
     pipeline     (m + pp - 1) x the slowest stage: a pipeline runs at its slowest stage, and
                  its fill and drain idle pp - 1 slots (interleaved: (pp - 1) / v slots, for v
@@ -45,8 +47,6 @@ __all__ = ["stages", "balanced_cuts", "memory", "step_time", "allreduce", "gathe
            "gemm_efficiency", "in_flight_microbatches"]  # fmt: skip
 
 BUCKET_BYTES = 25 * 2**20  # DDP's default bucket: one all-reduce per bucket
-ELEMENTWISE_PASSES = 4  # a saved byte is written forward and read backward, its gradient
-# written and read: the memory traffic of the element-wise work around the matmuls
 
 
 def balanced_cuts(flops: list[float], parts: int) -> tuple[int, ...]:
@@ -210,7 +210,7 @@ def _compute(w, c, lay, b) -> float:
     rate = c.peak_tflops * 1e12 * c.efficiency
     if c.gemm_model and b.width:
         rate *= gemm_efficiency(c, mb * w.seq_len, b.width, b.width / split)
-    flops, passes = b.flops, ELEMENTWISE_PASSES
+    flops, passes = b.flops, c.elementwise_passes
     if lay.recompute == "full":  # the forward runs again, and writes its activations again
         flops, passes = flops * 4 / 3, passes + 1
     elif lay.recompute == "selective":  # the attention scores are rebuilt in backward
@@ -230,10 +230,19 @@ def _per_microbatch(w, c, lay, blocks, links) -> tuple[float, float, float]:
     rounds = 3 if lay.recompute == "full" else 2  # forward, (forward again), backward
     tp = sum(rounds * allreduce(mb * b.tp_bytes, lay.tp, links["tp"], c.latency_s, b.tp_messages)
              for b in blocks if b.tp and b.tp_messages)  # fmt: skip
-    boundary = max(blocks[-1].out_bytes, blocks[0].out_bytes)
     sends = 2 * (lay.virtual if lay.schedule == "interleaved" else 1)  # each chunk's boundary
-    pp = 0.0 if lay.pp == 1 else sends * (c.latency_s + mb * boundary / (links["pp"] * 1e9))
+    boundary = mb * max(blocks[-1].out_bytes, blocks[0].out_bytes)
+    pp = sends * _send(c, lay, links, boundary) if lay.pp > 1 else 0.0
     return compute, tp, pp
+
+
+def _send(c, lay, links, nbytes: float) -> float:
+    """One stage boundary crossed once: the whole tensor, or (scatter/gather) 1/tp of it from
+    each TP rank, then an all-gather inside the TP group."""
+    if not lay.scatter_gather or lay.tp == 1:
+        return c.latency_s + nbytes / (links["pp"] * 1e9)
+    return (c.latency_s + nbytes / lay.tp / (links["pp"] * 1e9)
+            + gather(nbytes, lay.tp, links["tp"], c.latency_s))  # fmt: skip
 
 
 def _data_parallel(w, c, lay, blocks, compute: float, links, fw) -> float:

@@ -89,17 +89,19 @@ def framework_of(w: Workload, zero: int, name=None) -> frameworks.Framework:
 def evaluate(w: Workload, c: Cluster, global_batch: int, dp: int, tp: int, pp: int,
              micro_batch: int = 1, zero: int = 0, recompute: str = "none",
              schedule: str = "1f1b", cuts: tuple[int, ...] | None = None,
-             virtual: int = 2, framework: str | None = None) -> Layout:  # fmt: skip
+             virtual: int = 2, framework: str | None = None,
+             scatter_gather: bool = False) -> Layout:  # fmt: skip
     """One layout, costed; ``reason`` says why it cannot run (and what would).
 
     cuts: where the stages start (block indices after 0); default: balanced by FLOPs.
     virtual: chunks of layers per rank when schedule="interleaved" (Megatron's v).
-    framework: whose memory rules (helpers.parallel.composed.frameworks); default the
-    workload's for this ZeRO stage.
+    framework: whose memory rules (helpers.parallel.composed.frameworks, a name or a
+    Framework); default the workload's for this ZeRO stage.
+    scatter_gather: Megatron's pipeline sends (each TP rank sends 1/tp, all-gathered on arrival).
     """
     fw = framework_of(w, zero, framework)
     lay = Layout(None, dp, tp, pp, micro_batch=micro_batch, recompute=recompute, zero=zero,
-                 framework=fw.name, schedule=schedule,
+                 framework=fw.name, schedule=schedule, scatter_gather=scatter_gather,
                  virtual=virtual if schedule == "interleaved" else 1)  # fmt: skip
     lay.reason = _check(w, c, global_batch, lay)
     if lay.reason:
@@ -111,7 +113,8 @@ def evaluate(w: Workload, c: Cluster, global_batch: int, dp: int, tp: int, pp: i
     if lay.memory_gb > c.usable_gb:
         states = sum(v for k, v in lay.memory.items() if k != "activations") / GB
         lay.reason = (f"needs {lay.memory_gb:.1f} GB per GPU > {c.usable_gb:.1f} GB usable "
-                      f"({c.gpu_memory_gb:g} GB less {c.reserve_gb:.2f} for the CUDA context and "
+                      f"({c.gpu_memory_gib:g} GiB = {c.gpu_memory_gb:.1f} GB, less "
+                      f"{c.reserve_gb:.2f} for the CUDA context and "
                       f"NCCL, less {c.margin:.0%} for the allocator; states {states:.1f} GB, "
                       f"activations {lay.memory['activations'] / GB:.1f} GB)")  # fmt: skip
     return lay

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from helpers import gpus
 from helpers.parallel.composed import frameworks
 from helpers.parallel.composed.mesh import ParallelDims
 
-__all__ = ["Cluster", "Layout", "CLUSTERS", "RECOMPUTE", "SCHEDULES", "TIE", "GB",
-           "A100_EFFICIENCY", "H100_EFFICIENCY"]  # fmt: skip
+__all__ = ["Cluster", "Layout", "CLUSTERS", "RECOMPUTE", "SCHEDULES", "TIE", "GB", "GIB",
+           "A100_EFFICIENCY", "H100_EFFICIENCY", "ELEMENTWISE_PASSES"]  # fmt: skip
 
-GB = 1e9
+GB = 1e9  # the planner's estimates are in GB (10^9 bytes)
+GIB = 2**30  # a GPU's memory is in GiB (helpers.gpus, nvidia-smi): an "80 GB" A100 has 80 GiB
 RECOMPUTE = ("none", "selective", "full")  # selective: Korthikanti et al.'s (the s x s scores)
 SCHEDULES = ("1f1b", "gpipe", "interleaved")  # interleaved: 1F1B with ``virtual`` chunks per rank
 TIE = 0.05  # step times closer than this are a tie: finer than the model can tell
@@ -24,13 +26,18 @@ TIE = 0.05  # step times closer than this are a tie: finer than the model can te
 # workbook's own eager Llama run on one H100 (an eager program: framework code reaches more)
 A100_EFFICIENCY = 0.69
 H100_EFFICIENCY = 0.48
+# Passes over a block's saved bytes that the memory-bound work around the matmuls makes per
+# micro-batch: each saved byte written forward and read backward, its gradient written and read.
+# A count from that argument, not measured on a GPU; notebook 07 section 7.4 shows how much
+# Megatron-LM's Table 1 trend depends on it (2 to 6 passes, and none).
+ELEMENTWISE_PASSES = 4
 
 
 @dataclass(frozen=True)
 class Cluster:
     nodes: int
     gpus_per_node: int
-    gpu_memory_gb: float = 80
+    gpu_memory_gib: float = 80  # per GPU, in GiB as helpers.gpus and nvidia-smi give it
     peak_tflops: float = 312  # per GPU, dense bf16 (A100)
     intra_gbs: float = 300  # GB/s per GPU inside a node (NVLink 3: 600 GB/s both ways)
     inter_gbs: float = 25  # GB/s per GPU between nodes (200 Gb/s InfiniBand HDR per GPU)
@@ -48,11 +55,17 @@ class Cluster:
     # tokens per micro-batch and a narrow TP split (plancost.gemm_efficiency); False: fixed
     elementwise: bool = True  # add the memory-bound work around the matmuls (plancost);
     # False where the rates are measured on the block itself (CPU ranks)
+    elementwise_passes: float = ELEMENTWISE_PASSES  # passes over the saved bytes (above)
     name: str = ""
 
     @property
     def world_size(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def gpu_memory_gb(self) -> float:
+        """The GPU's memory in GB (10^9 bytes), the planner's unit: 80 GiB = 85.9 GB."""
+        return self.gpu_memory_gib * GIB / GB
 
     @property
     def capacity_gb(self) -> float:
@@ -66,11 +79,23 @@ class Cluster:
 
 
 CLUSTERS = {
-    "2x8 A100-40GB": Cluster(nodes=2, gpus_per_node=8, gpu_memory_gb=40, name="2 x 8 A100-40GB"),
-    "2x8 A100-80GB": Cluster(nodes=2, gpus_per_node=8, memory_gbs=2039, name="2 x 8 A100-80GB"),
+    "2x8 A100-40GB": Cluster(
+        nodes=2,
+        gpus_per_node=8,
+        name="2 x 8 A100-40GB",
+        gpu_memory_gib=gpus.lookup("a100-40").memory_gib,
+    ),  # fmt: skip
+    "2x8 A100-80GB": Cluster(
+        nodes=2,
+        gpus_per_node=8,
+        memory_gbs=2039,
+        name="2 x 8 A100-80GB",
+        gpu_memory_gib=gpus.lookup("a100-80").memory_gib,
+    ),  # fmt: skip
     "128x8 H100": Cluster(
         nodes=128,
         gpus_per_node=8,
+        gpu_memory_gib=gpus.lookup("h100").memory_gib,
         peak_tflops=989,
         intra_gbs=450,
         inter_gbs=50,
@@ -94,6 +119,7 @@ class Layout:
     framework: str = ""  # whose memory rules (frameworks.FRAMEWORKS, or the ZeRO paper's count)
     schedule: str = "1f1b"
     virtual: int = 1  # chunks of layers per rank (interleaved 1F1B; Megatron's v)
+    scatter_gather: bool = False  # PP sends split over the TP ranks, all-gathered on arrival
     memory: dict = field(default_factory=dict)  # bytes per GPU by kind (the fullest stage)
     stage_gb: list = field(default_factory=list)  # GB per GPU of each stage
     time: dict = field(default_factory=dict)  # seconds per step by kind

@@ -4,8 +4,9 @@
                                  the activation bytes counted for that block (llama_block_bytes)
     gpt_2021(layers, hidden, heads)   Megatron-LM's GPT of Narayanan et al. 2021 (no flash
                                  attention, no sequence parallelism), Korthikanti et al.'s count
-    korthikanti(dim, seq_len)    34 s h bytes per layer: Korthikanti et al.'s formula for a GPT
-                                 block with flash attention, for comparison only
+    korthikanti(dim, seq_len)    34 s h bytes per layer: Korthikanti et al.'s count for a GELU
+                                 GPT block whose s x s scores are not stored, for comparison
+    megatron_block_bytes(args, seq_len)   Megatron-LM's own estimate for a Llama layer
 
 The activation rule is the one measured for the block that runs. For the workbook's Llama block
 (RMSNorm and rotary embeddings upcast to fp32, SDPA, SwiGLU in plain PyTorch ops) autograd's
@@ -27,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 __all__ = ["Block", "Workload", "llama", "llama_block_bytes", "gpt_2021", "korthikanti",
-           "LOSS_BYTES", "activation_bytes", "default_frameworks"]  # fmt: skip
+           "megatron_block_bytes", "LOSS_BYTES", "activation_bytes", "default_frameworks"]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ def default_frameworks(state_bytes) -> tuple:
 
 def activation_bytes(dim: int, seq_len: int, bytes_per_value: int = 2,
                      sequence_parallel: bool = True) -> dict:  # fmt: skip
-    """Korthikanti et al.'s 34 s h per layer (a GELU GPT block, flash attention): kept for
+    """Korthikanti et al.'s 34 s h per layer (a GELU GPT block, scores not stored): kept for
     comparison; the planner's Llama uses the count of its own block (workloads.llama_block_bytes)."""
     return korthikanti(dim, seq_len, bytes_per_value, sequence_parallel)
 
@@ -118,8 +119,10 @@ LOSS_BYTES = 4 + 4 + 4
 def llama_block_bytes(args, seq_len: int, bytes_per_value: int = 2, norm: str = "eager") -> dict:
     """Bytes one workbook Llama block saves for backward, per sequence (see the module
     docstring): ``block`` in all, ``linear_inputs`` the part that stays whole on every TP rank
-    with sequence parallelism, ``norms`` the part that stays whole without it. ``norm="fused"``:
-    a fused RMSNorm kernel in place of the eager one (x and 1/rms saved: 2 h + 4 at bf16)."""
+    with sequence parallelism, ``norms`` the part that stays whole without it. Each RMSNorm as
+    ``norm`` says: "eager" this workbook's (x cast to fp32 twice: 10 h + 4 bytes at bf16),
+    "torchtitan" torchtitan's 2024 eager RMSNorm (cast once: 6 h + 4), "fused" a fused kernel
+    (x and 1/rms: 2 h + 4); the rest of the block is this workbook's, counted."""
     h, f, hd, heads = args.dim, args.ffn_hidden, args.head_dim, args.n_heads
     if bytes_per_value == 2:  # each norm: fp32 x twice, the bf16 normalised x; linear input
         norms, per_token = 2 * (10 * h + 4), 32 * h + 8 * f + 4 * hd + 4 * heads + 8
@@ -128,20 +131,35 @@ def llama_block_bytes(args, seq_len: int, bytes_per_value: int = 2, norm: str = 
     else:
         raise ValueError(f"bytes_per_value={bytes_per_value}: 2 (bf16) or 4 (fp32)")
     if norm == "fused":  # a fused RMSNorm kernel (torchtitan's fused_rmsnorm) saves x and 1/rms
-        fused = 2 * (bytes_per_value * h + 4)
-        per_token, norms = per_token - norms + fused, fused
-    elif norm != "eager":
-        raise ValueError(f"norm={norm!r}: 'eager' (helpers.models.llama2) or 'fused'")
+        other = 2 * (bytes_per_value * h + 4)
+    elif norm == "torchtitan":  # torchtitan's eager RMSNorm casts x to fp32 once: one fp32 copy
+        other = 2 * (4 * h + 4 + bytes_per_value * h) if bytes_per_value == 2 else norms
+    elif norm == "eager":
+        other = norms
+    else:
+        raise ValueError(f"norm={norm!r}: 'eager' (helpers.models.llama2), 'torchtitan' or 'fused'")
+    per_token, norms = per_token - norms + other, other
     whole = 2 * bytes_per_value * h + 4 * hd  # the linear inputs, the rotary table (fp32)
     return {"block": seq_len * per_token, "linear_inputs": seq_len * whole,
             "norms": seq_len * (norms + whole)}  # fmt: skip
 
 
+def megatron_block_bytes(args, seq_len: int) -> dict:
+    """Megatron-LM's own estimate of a layer's activations, per sequence, with sequence
+    parallelism and flash attention: s h (18 + 4 f / h) bytes, all of it split by TP
+    (megatron/training/theoretical_memory_usage.py, ``compute_activation_memory``, Korthikanti et
+    al.'s Table 2 with the MLP's 16 s h written 4 s f). A stated rule of its fused kernels, not
+    a count of this workbook's block."""
+    return {"block": seq_len * args.dim * (18 + 4 * args.ffn_hidden / args.dim), "replicated": 0.0}
+
+
 def korthikanti(dim: int, seq_len: int, bytes_per_value: int = 2,
                 sequence_parallel: bool = True) -> dict:  # fmt: skip
-    """Korthikanti et al. 2022, flash attention (no s^2 term): 34 s h bytes per layer at 2-byte
-    values; without sequence parallelism 10 s h of it stays whole on every TP rank. A GELU GPT
-    block with dropout, not the workbook's Llama block (llama_block_bytes)."""
+    """Korthikanti et al. 2022: 34 s h bytes per layer at 2-byte values once the 5 a s^2 of the
+    attention scores are not stored (their selective recomputation; flash attention does the
+    same); without sequence parallelism 10 s h of it stays whole on every TP rank. They count
+    each operator's saved inputs, unfused, dropout masks included: a GELU GPT block, not the
+    workbook's Llama block (llama_block_bytes)."""
     per_value = bytes_per_value / 2
     return {"block": 34 * seq_len * dim * per_value,
             "replicated": 0.0 if sequence_parallel else 10 * seq_len * dim * per_value}  # fmt: skip
