@@ -37,7 +37,7 @@ import threading
 import torch
 
 from helpers.course.grading.recorder import plan as plans
-from helpers.course.grading.recorder.recording import Recording
+from helpers.course.grading.recorder.recording import Recording, held
 
 __all__ = ["ENV", "EventLog", "EventSender", "Recording", "active_log", "relay_markers", "route"]
 
@@ -244,6 +244,16 @@ class EventLog:
         """Every memory sample of ``rank``, in order: the job's start, each recording's
         edges and each mark."""
         return list(self._marks.get(rank, []))
+
+    def grown(self, rank: int, sample: dict) -> int | None:
+        """Bytes ``rank`` held more at ``sample`` than its process did as the job started (the
+        sandbox slot it was forked from, before any code of the job ran): what it keeps before
+        a measured stretch, wherever it was made (at import, in a warm-up, between recordings).
+        None without that first sample (a learner's own kernel)."""
+        start = [m for m in self.marks(rank) if m.get("name") == "job start"]
+        if not start:
+            return None
+        return held(sample) - held(start[0])
 
     def factors(self, name: str) -> list[torch.Tensor]:
         """Lab 6: the factors the gate ``name`` applied, by occurrence (step)."""
