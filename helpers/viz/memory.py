@@ -30,10 +30,10 @@ def plot_memory_bars(bars: dict, budget: float | None = 80e9, title="Memory per 
         if any(heights):
             ax.bar(labels, heights, bottom=bottom, color=colour, label=part)
             bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
-    if budget:
-        ax.axhline(budget / unit, color="k", ls="--", lw=1)
-        ax.text(len(labels) - 0.5, budget / unit, f" {budget / unit:g} {unit_name}", va="bottom",
-                ha="right", fontsize=8)  # fmt: skip
+    if budget:  # labelled in the legend, outside the axes: the bars never hide it
+        ax.axhline(
+            budget / unit, color="k", ls="--", lw=1, label=f"{budget / unit:.4g} {unit_name}"
+        )
     ax.set_ylabel(f"{unit_name} per GPU")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))  # outside: no overlap
     ax.tick_params(axis="x", labelsize=8, rotation=20)

@@ -146,7 +146,7 @@ def zero_paper(state_bytes: tuple[float, float, float], zero: int) -> Framework:
                      source="Rajbhandari et al. 2020 (ZeRO), no framework buffers")  # fmt: skip
 
 
-_DS = "DeepSpeed 0.19.8 (runtime/bf16_optimizer.py, runtime/zero/config.py)"
+_DS = "DeepSpeed 0.19.8 (runtime/engine.py, bf16_optimizer.py, zero/config.py)"
 _MEG = "Megatron Core, 'Distributed Optimizer' guide (bytes per parameter table)"
 _ALL = _PARTS
 FRAMEWORKS: dict[str, Framework] = {

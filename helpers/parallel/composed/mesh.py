@@ -11,7 +11,9 @@
         pp stage 1: dp0 [4 5]  dp1 [6 7]     pp stage 3: dp0 [12 13] dp1 [14 15]
 
     A TP group is two neighbouring ranks, always on one node (NVLink): TP talks the most.
-    DP groups stride by tp; PP groups stride by dp * tp and may cross nodes (PP talks least).
+    DP groups stride by tp; PP groups stride by dp * tp and may cross nodes: PP outermost, as
+    DeepSpeed, torchtitan and Megatron-Core's default order lay it (Llama 3 puts DP outermost
+    instead, for FSDP's prefetched traffic; this layout does not express that order).
 
 ``ParallelDims(dp, tp, pp, world_size)`` checks the degrees and says what would work;
 ``dp=-1`` means "whatever is left". ``groups("tp")`` lists the rank groups without any

@@ -125,13 +125,13 @@ def gpt_flops(layers: int, hidden: int, batch: int, seq: int = 2048, vocab: int 
     return (layer if recomputed else 3 / 4 * layer) + logits
 
 
-def _sc21(name: str, c: planner.Cluster, pp: int) -> tuple[planner.Cluster, str]:
+def _sc21(name: str, c: planner.Cluster, pp: int, overlaps: bool = True):
     """The cluster and memory rules of a pipeline depth as 2021's Megatron-LM ran it: torch's
-    DDP (overlapped, its flat bucket copy) without a pipeline, its own after the backward."""
+    DDP (overlapped unless ``overlaps`` is False, its flat bucket copy) without a pipeline, its
+    own after the backward."""
     torch_ddp = SC21[name][0] == "torch" if name in SC21 else pp == 1
-    return replace(
-        c, overlap=torch_ddp
-    ), "megatron-fp16-torch-ddp" if torch_ddp else "megatron-fp16"
+    fw = "megatron-fp16-torch-ddp" if torch_ddp else "megatron-fp16"
+    return replace(c, overlap=torch_ddp and overlaps), fw
 
 
 def _pick_2021(w, c, batch: int, modes, found: list) -> planner.Layout | None:
@@ -150,14 +150,15 @@ def _pick_2021(w, c, batch: int, modes, found: list) -> planner.Layout | None:
 
 
 def megatron_2021(efficiency: float = A100_EFFICIENCY, modes=("none", "full"), picks: bool = True,
-                  **cluster) -> list[Run]:  # fmt: skip
+                  torch_ddp_overlaps: bool = True, **cluster) -> list[Run]:  # fmt: skip
     """Table 1: each model on the paper's layout as run_table_1.sh ran it (``SC21``), predicted
     TFLOP/s per GPU by eq. 3; with ``picks``, the paper's (tp, pp) without recomputation and the
-    planner's pick among what the 2021 software could do (``modes``: recomputation searched)."""
+    planner's pick among what the 2021 software could do (``modes``: recomputation searched).
+    ``torch_ddp_overlaps=False``: torch's DDP costed as if its overlap hid nothing."""
     rows = []
     for name, layers, hidden, heads, tp, pp, gpus, mb, batch, tflops in MEGATRON_TABLE_1:
         w = workloads.gpt_2021(layers, hidden, heads, name=f"GPT {name}")
-        c, fw = _sc21(name, selene(gpus, efficiency, **cluster), pp)
+        c, fw = _sc21(name, selene(gpus, efficiency, **cluster), pp, torch_ddp_overlaps)
         per_chunk = SC21[name][1]
         v = layers // pp // per_chunk if per_chunk else 1
         kw = dict(dp=gpus // (tp * pp), tp=tp, pp=pp, framework=fw, scatter_gather=True,

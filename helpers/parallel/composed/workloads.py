@@ -7,6 +7,7 @@
     korthikanti(dim, seq_len)    34 s h bytes per layer: Korthikanti et al.'s count for a GELU
                                  GPT block whose s x s scores are not stored, for comparison
     megatron_block_bytes(args, seq_len)   Megatron-LM's own estimate for a Llama layer
+    megatron_llama(args, seq_len)   Llama as Megatron-LM holds it, by that estimate
 
 The activation rule is the one measured for the block that runs. For the workbook's Llama block
 (RMSNorm and rotary embeddings upcast to fp32, SDPA, SwiGLU in plain PyTorch ops) autograd's
@@ -28,7 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 __all__ = ["Block", "Workload", "llama", "llama_block_bytes", "gpt_2021", "korthikanti",
-           "megatron_block_bytes", "LOSS_BYTES", "activation_bytes", "default_frameworks"]  # fmt: skip
+           "megatron_block_bytes", "megatron_llama", "LOSS_BYTES", "activation_bytes",
+           "default_frameworks"]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -151,6 +153,15 @@ def megatron_block_bytes(args, seq_len: int) -> dict:
     al.'s Table 2 with the MLP's 16 s h written 4 s f). A stated rule of its fused kernels, not
     a count of this workbook's block."""
     return {"block": seq_len * args.dim * (18 + 4 * args.ffn_hidden / args.dim), "replicated": 0.0}
+
+
+def megatron_llama(args, seq_len: int = 4096, name: str = "Llama 2 (Megatron-LM)") -> Workload:
+    """Llama as Megatron-LM runs it, by Megatron's own accounting: its activation estimate
+    (``megatron_block_bytes``, sequence parallelism), its vocabulary-parallel loss (the logits
+    split by TP) and its memory rules (18 bytes a parameter, 6 + 12/d distributed)."""
+    w = llama(args, seq_len, name, act_bytes=megatron_block_bytes(args, seq_len)["block"],
+              act_replicated=0.0, framework=default_frameworks((2, 2, 12))[:2])  # fmt: skip
+    return replace(w, loss_split=True)
 
 
 def korthikanti(dim: int, seq_len: int, bytes_per_value: int = 2,
