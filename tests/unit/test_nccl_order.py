@@ -48,7 +48,10 @@ def test_what_nccl_hangs_on_fails():
     # bound to a device (helpers.dist.init): one stream per group, and the ring hangs on 3
     assert "on the group's one stream" in p2p_problems(_ring(3, "isend", "recv"))[0]
     blocking = p2p_problems(_ring(3, "send", "recv"))  # every rank's recv waits for its send
-    assert blocking and "rank 1's recv from 0 (p.py:2) was posted after rank 1's send to 2" in blocking[0]
+    assert (
+        blocking
+        and "rank 1's recv from 0 (p.py:2) was posted after rank 1's send to 2" in blocking[0]
+    )
     mixed = [
         _log(0, [("isend", 1, 0), ("irecv", 1, 0)]),
         _log(1, [("isend", 0, None), ("recv", 0, None)]),
