@@ -17,8 +17,9 @@ import torch
 import torch.distributed as tdist
 
 from helpers.standin.fingerprints import signature
-from helpers.standin.ordering import CheckedWork, GroupCheck, OpLog
+from helpers.standin.ordering import GroupCheck, OpLog
 from helpers.standin.tensor import is_device_tensor
+from helpers.standin.work import CheckedWork
 
 __all__ = ["standin_backend_class", "dryrun_backend_class", "POINT_TO_POINT", "OPS"]
 

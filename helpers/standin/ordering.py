@@ -35,7 +35,7 @@ import torch.distributed as tdist
 from helpers.standin.nccl_explain import why
 from helpers.standin.nccl_order import FIX, RULE, Model, Op, describe
 
-__all__ = ["OpLog", "GroupCheck", "CheckedWork", "WouldHang", "call_site", "end_all"]
+__all__ = ["OpLog", "GroupCheck", "WouldHang", "call_site", "end_all"]
 
 _TORCH = str(Path(torch.__file__).resolve().parent)
 _HERE = str(Path(__file__).resolve().parent)
@@ -191,32 +191,58 @@ class GroupCheck(OpLog):
             raise WouldHang(f"stand-in GPU (NCCL's rules): {self.model.problems[-1]}")
 
     # -- waiting ------------------------------------------------------------------------
-    def wait(self, index: int) -> None:
-        """Return when NCCL would complete this rank's operation ``index``; raise if never."""
+    def wait(self, index: int) -> WouldHang | None:
+        """Return when NCCL would complete this rank's operation ``index``; raise if never.
+
+        While it waits, the rank's marker in the store says so ('ops posted:index'); it is
+        not cleared after (a rank past its wait has posted more, or its wait is done in every
+        rank's model: either way no rank reads it as stuck), so that nothing is written to a
+        store whose host, rank 0, may have ended its program as soon as this wait was done.
+
+        If that store is gone (its host ended) the model cannot be asked any more: the wait
+        returns the error to raise should gloo's own operation fail too (``standin.work``), as
+        it does when the peer never posted its match; an operation the peer did match (rank 0
+        passed the last barrier and left before this rank read its marker) completes."""
         with self.lock:
             self.waited(index)
         deadline, pause, marked = time.monotonic() + self.timeout_s, 0.0005, False
-        try:
-            while True:
-                with self.lock:
-                    self._pull()
-                    self.model.update()
-                    self._raise_problems()
-                    if self.model.is_done(self.rank, index):
-                        return
-                    self._refuse_cycle(index)
-                    if not marked:
-                        self.store.set(f"nccl/blocked/{self.rank}", f"{len(self.ops)}:{index}")
-                        marked = True
-                    self._refuse_if_all_stuck(index)
-                if time.monotonic() > deadline:
-                    raise WouldHang(f"stand-in GPU: waited {self.timeout_s:g} s for "
-                                    f"{describe(self.model.items[self.model.item_of[self.rank, index]].ops[0])}")  # fmt: skip
-                time.sleep(pause)
-                pause = min(2 * pause, 0.02)
-        finally:
-            if marked:
-                self.store.set(f"nccl/blocked/{self.rank}", "")
+        while True:
+            with self.lock:
+                try:
+                    if self._ask(index, marked):
+                        return None
+                except WouldHang:
+                    raise
+                except RuntimeError as e:  # the store's host ended while this rank waits
+                    return self._gone(index, e)
+                marked = True
+            if time.monotonic() > deadline:
+                raise WouldHang(f"stand-in GPU: waited {self.timeout_s:g} s for "
+                                f"{describe(self._first(index))}")  # fmt: skip
+            time.sleep(pause)
+            pause = min(2 * pause, 0.02)
+
+    def _ask(self, index: int, marked: bool) -> bool:
+        """One look at every rank's operations: True when ``index`` is done; raise if never."""
+        self._pull()
+        self.model.update()
+        self._raise_problems()
+        if self.model.is_done(self.rank, index):
+            return True
+        self._refuse_cycle(index)
+        if not marked:
+            self.store.set(f"nccl/blocked/{self.rank}", f"{len(self.ops)}:{index}")
+        self._refuse_if_all_stuck(index)
+        return False
+
+    def _first(self, index: int) -> Op:
+        return self.model.items[self.model.item_of[self.rank, index]].ops[0]
+
+    def _gone(self, index: int, error: Exception) -> WouldHang:
+        held = why(self.model, self.model.item_of[self.rank, index], final=True)
+        return WouldHang(f"stand-in GPU: the group's store is gone ({str(error).split('.')[0][:80]}): the rank "
+                         "that hosts it ended while this one waited, and the operation failed; "
+                         f"as far as this rank saw: {held}")  # fmt: skip
 
     def _refuse_cycle(self, index: int) -> None:
         stuck = self.model.stuck()
@@ -279,38 +305,3 @@ def end_all() -> None:
         except Exception:  # noqa: BLE001 - a group already gone has nobody left to tell
             pass
     _LIVE.clear()
-
-
-class CheckedWork(tdist._Work):
-    """gloo's Work, waited for only when NCCL's model says the operation completes."""
-
-    def __init__(self, inner, check: GroupCheck | None, index: int, then=None):
-        super().__init__()
-        self.inner, self.check, self.index, self.then = inner, check, index, then
-
-    def wait(self, timeout=None) -> bool:
-        if self.check is not None:
-            self.check.wait(self.index)
-        if timeout is None:
-            self.inner.wait()
-        else:
-            self.inner.wait(timeout)
-        if self.then is not None:
-            self.then()
-            self.then = None
-        return True
-
-    def get_future(self):
-        return self.inner.get_future()
-
-    def is_completed(self) -> bool:
-        return self.inner.is_completed()
-
-    def is_success(self) -> bool:
-        return self.inner.is_success()
-
-    def exception(self):
-        return self.inner.exception()
-
-    def result(self):
-        return self.inner.result()

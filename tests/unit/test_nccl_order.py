@@ -3,10 +3,19 @@ check of a ring's recorded traffic against it (ring_check.nccl_order_problems)."
 
 from __future__ import annotations
 
+import gc
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as tdist
+
 from helpers.course.grading.checks.ring_check import nccl_order_problems
 from helpers.course.grading.recorder.traffic import Message, Traffic
 from helpers.standin.nccl_explain import p2p_problems
 from helpers.standin.nccl_order import Op
+from helpers.standin.ordering import GroupCheck, WouldHang
+from helpers.standin.work import CheckedWork
 
 
 def _log(rank: int, calls) -> list[Op]:
@@ -89,3 +98,34 @@ def test_lab_1s_check_refuses_the_unsafe_ring_and_accepts_the_safe_ones():
                _traffic(("send", 0), ("recv", 1))]  # fmt: skip
     assert nccl_order_problems(batched) == nccl_order_problems(parity) == []
     assert nccl_order_problems(parity3) == []
+
+
+class _GlooWork:
+    """What gloo's own operation did, once the check could no longer ask the store."""
+
+    def __init__(self, error: str | None):
+        self.error = error
+
+    def wait(self, timeout=None):
+        if self.error:
+            raise RuntimeError(self.error)
+        return True
+
+
+def test_a_rank_whose_store_host_ended_leaves_the_verdict_to_gloos_operation():
+    """Rank 0 hosts the group's store and may end as soon as its last wait is done, before
+    rank 1 has read that its own wait is done too: rank 1 then cannot ask the model. Its wait
+    completes when gloo's operation does (the peer had matched it) and fails with a clear
+    WouldHang, not the store's connection error, when gloo's fails too."""
+    host = tdist.TCPStore("127.0.0.1", 0, 2, True, wait_for_workers=False)
+    store = tdist.TCPStore("127.0.0.1", host.port, 2, False, timeout=timedelta(seconds=10))
+    check = GroupCheck(store, 1, 2, timeout_s=10.0)
+    index = check.post("recv", 0, [torch.zeros(4)], "recv")
+    del host  # its server stops: rank 0's program ended
+    gc.collect()
+    assert CheckedWork(_GlooWork(None), check, index).wait() is True
+    with pytest.raises(WouldHang) as failed:
+        CheckedWork(_GlooWork("Connection closed by peer"), check, index).wait()
+    message = str(failed.value)
+    assert "the group's store is gone (" in message, message
+    assert "rank 1's recv from 0" in message and "matching send" in message, message
