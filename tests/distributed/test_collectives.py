@@ -125,3 +125,27 @@ def test_pingpong_and_measure_report_median_and_spread():
     rows = launch.spawn(collectives.measure, world_size=2, args=([4096], ("ring", "ps"), 3))[0]
     assert {r["algo"] for r in rows} == {"ring", "ps"}
     assert all(r["lo"] <= r["seconds"] <= r["hi"] for r in rows)
+
+
+def _on_the_standin_gpu(d):
+    """The ring (7 elements: uneven chunks; 1 element: empty ones), the parameter server and
+    the ping-pong on stand-in GPU ranks, whose group refuses what would hang on NCCL."""
+    x = torch.arange(7.0, device=d.device) * (d.rank + 1)
+    ring = collectives.ring_all_reduce(d, x, inplace=False)
+    tiny = collectives.ring_all_reduce(d, torch.ones(1, device=d.device))
+    ps = collectives.ps_all_reduce(d, x.clone())
+    rows = collectives.pingpong(d, [64], repeats=1, warmup=0)
+    return ring.device.type, ring.tolist(), tiny.tolist(), ps.tolist(), len(rows)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_the_workbooks_point_to_point_keeps_nccls_rules_on_the_stand_in_gpu(world):
+    """Each ring step goes as one batch_isend_irecv, the server and the ping-pong in matched
+    order: the stand-in's NCCL model passes them (the ring as isend then recv, this module
+    before issue 39, fails there on both sizes)."""
+    per_rank = launch.spawn(_on_the_standin_gpu, world_size=world, backend="standin", timeout=120)
+    total = sum(range(1, world + 1))
+    for rank, (kind, ring, tiny, ps, rows) in enumerate(per_rank):
+        assert kind == "gpu", f"rank {rank}'s ring came back on {kind}, not the stand-in GPU"
+        assert ring == ps == [total * i for i in range(7)], (rank, ring, ps)
+        assert tiny == [float(world)] and rows == 1, (rank, tiny, rows)
