@@ -103,3 +103,36 @@ def test_a_shape_mismatch_and_a_skipped_collective_fail_naming_both_ranks(tmp_pa
         assert "rank 0's all_reduce (program.py:10: tdist.all_reduce(x)" in error, error
         assert "rank 1's all_gather_into_tensor (program.py:12:" in error, error
         assert "did one rank skip a call?" in error, error
+
+
+NCCL_REFUSALS = """
+import sys
+import torch
+import torch.distributed as tdist
+from helpers import dist
+
+d = dist.init()
+if sys.argv[1] == "view":
+    x = torch.ones(3, 4, device=d.device).t()  # a transposed view: not contiguous
+    tdist.all_reduce(x)
+elif d.rank == 0:
+    tdist.recv(torch.empty(2, device=d.device))  # no src: from any rank
+else:
+    tdist.send(torch.ones(2, device=d.device), 0)
+dist.cleanup()
+"""
+
+
+def test_what_processgroupnccl_refuses_and_gloo_takes_fails_naming_the_line(tmp_path):
+    """gloo reads a non-contiguous tensor's storage in order (mixing up its elements) and
+    receives from any source; ProcessGroupNCCL refuses both."""
+    program = _program(tmp_path, NCCL_REFUSALS)
+    view = run_ranks(program, ["view"], "strict", 2, timeout=120)
+    for r in view:
+        assert not r["ok"] and r["program_line"] == "program.py:10: tdist.all_reduce(x)", r
+        assert "Tensors must be contiguous" in r["error"] and "t.contiguous()" in r["error"], r
+    anysource = run_ranks(program, ["anysource"], "strict", 2, timeout=120)
+    bad = next(r for r in anysource if r["rank"] == 0)
+    assert not bad["ok"], anysource
+    assert bad["program_line"].startswith("program.py:12: tdist.recv(torch.empty(2"), bad
+    assert "NCCL has none" in bad["error"] and "src=" in bad["error"], bad["error"]
