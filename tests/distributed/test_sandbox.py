@@ -231,6 +231,28 @@ ATTACKS = textwrap.dedent(
         return [tried(by_name), tried(by_path), tried(lambda: open(path).read(4)), tried(compiled),
                 "__pycache__" in listing]
 
+    def every_route(module, path):
+        """A refused module by each route the issue lists, and its package's attribute."""
+        import importlib.util
+        import sys
+        def by_spec():
+            spec = importlib.util.spec_from_file_location("stolen", path)
+            return spec.loader.exec_module(importlib.util.module_from_spec(spec))
+        def from_package():
+            parent, _, child = module.rpartition(".")
+            return getattr(importlib.import_module(parent), child).__name__
+        routes = {
+            "torch.importlib": lambda: torch.importlib.import_module(module).__name__,
+            "sys.modules": lambda: sys.modules[module].__name__,
+            "__import__": lambda: __import__(module, fromlist=["x"]).__name__,
+            "package attribute": from_package,
+            "spec_from_file_location": by_spec,
+            "read and exec": lambda: exec(open(path).read(), {"__name__": module, "__package__":
+                                           module if path.endswith("__init__.py") else parent}),
+        }
+        parent = module.rpartition(".")[0]
+        return {k: tried(fn)[:40] for k, fn in routes.items()}
+
     def reset_memory_meter():
         ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE: /proc/self is its own again
         return tried(lambda: open("/proc/self/clear_refs", "w").write("5"))
@@ -548,6 +570,35 @@ def test_a_refused_module_is_absent_by_every_route(pool):
                    "FileNotFoundError", False], got  # fmt: skip
     where_allowed = pool.call("load_refused", path, learner_source=ATTACKS)
     assert [r[:3] for r in where_allowed[:3]] == ["ok:"] * 3, where_allowed  # not vacuous
+
+
+ROUTES = ["torch.importlib", "sys.modules", "__import__", "package attribute",
+          "spec_from_file_location", "read and exec"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "helpers.parallel.sharded.zero",  # a workbook module, not loaded before the job
+        "torch.nn.parallel",  # loaded by `import torch` itself (lab 1, lab 6)
+        "torch.distributed.tensor",  # loaded by the slot's preload (labs 2, 4, 6, 7)
+        "helpers.course.grading.checks.ddp_check",  # lab 6's reference functions
+    ],
+)
+def test_a_refused_module_cannot_be_loaded_by_any_route(pool, module):
+    """On 7718dfa a module in memory before the job (torch's own start-up, the slot's
+    preload) stayed in sys.modules and importable; the rest could be read and exec'd."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(module)
+    path = spec.origin  # a package's __init__.py
+    refused = pool.call("every_route", module, path, learner_source=ATTACKS, refused=[module])
+    absent = {"ModuleNotFoundError", "FileNotFoundError", "KeyError", "AttributeError"}
+    assert set(refused) == set(ROUTES) and set(refused.values()) <= absent, refused
+    allowed = pool.call("every_route", module, path, learner_source=ATTACKS)
+    ok = [k for k, v in allowed.items() if v.startswith("ok")]  # not vacuous: where allowed,
+    assert ok[:4] == ROUTES[:4], list(allowed.items())  # it loads, and its file is there
+    assert "FileNotFoundError" not in (allowed["spec_from_file_location"], allowed["read and exec"])
 
 
 def test_a_rank_cannot_reset_what_the_os_counts_of_its_memory(pool):

@@ -126,7 +126,7 @@ attempt("signal the grader", lambda: os.kill(GRADER_PID, 0))  # noqa: F821
 
 
 # What the lab refuses, by every route (REFUSED: {module: [its files on the grader's side]};
-# "loaded" lists those the sandbox had in memory before any learner code: torch's own).
+# "loaded" lists those in the sandbox's sys.modules as learner code starts: none may be).
 def _found(what):
     if not what:
         raise LookupError("nothing")

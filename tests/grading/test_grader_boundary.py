@@ -15,8 +15,9 @@ sys.modules, __import__, the file by path, its source, its .pyc), reach the lab'
 functions, and read the grader's environment, the course and other users' homes. It must
 score zero, every attempt must have failed in the sandbox, no file of the course may
 change, and no process of it may be left once grading ends. (A refused module that torch's
-own start-up loaded, such as torch.distributed.tensor, is in memory before any learner code
-and cannot be taken out: the report lists it and the test skips its routes.)
+own start-up or the slot's preload loaded, such as torch.nn.parallel or
+torch.distributed.tensor, is taken out of the job's sys.modules before any learner code:
+the report's "loaded" must be empty and every route is checked.)
 
 With the guard on, as in a class: a parameters cell that patches the grader is refused and
 the notebook graded as if it held the instructor's values (stubs: zero; solution: full).
@@ -193,10 +194,8 @@ def test_a_submission_that_tries_every_way_out_scores_zero_and_changes_nothing(l
     ]
     assert reports, f"{lab}: the attack cell's report did not come back"
     loaded = reports[0].pop("loaded")
-    assert not [m for m in loaded if m.startswith("helpers.")], f"{lab}: {loaded} in the sandbox"
+    assert loaded == [], f"{lab}: {loaded} in the sandbox's sys.modules"
     for name, got_back in reports[0].items():
-        if any(name.endswith(f" {m}") for m in loaded):
-            continue  # torch's own start-up loaded it: the guard and the messages answer for it
         if name in ("write /tmp", "write cwd"):
             continue  # the sandbox's private /tmp and scratch: writable, and gone after the job
         if name in ("frames", "objects"):  # only what the released lab itself names may be found

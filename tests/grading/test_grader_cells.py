@@ -165,6 +165,38 @@ def test_grading_toml_holds_the_solutions_parameters(lab):
         assert any(c.metadata.get("nbgrader", {}).get("grade_id") == grade_id for c in nb.cells)
 
 
+# A parameters cell that defines a function (named as an answer), a class whose body patches
+# the grader, and a patch of torch: on 7718dfa all three ran in the grader's process.
+NOT_DATA = (
+    "SMOKE = True\nimport torch\n\n\ndef helper():\n    return 1\n\n\nclass Patch:\n"
+    "    run = torch.importlib.import_module('helpers.course.grading.grader.run')\n"
+    "    run._run_cell = lambda code, name, ns: ('', None)\n\n\ntorch.equal = lambda *a: True\n"
+)
+
+
+@pytest.mark.parametrize("lab", labs.lab_names(ROOT))
+def test_each_labs_parameters_cell_is_data_and_refused_when_it_is_not(lab):
+    """Each released lab, its parameters cell replaced: refused with what the cell may hold
+    (every line that is not data named), and the grader and the sandbox both get the
+    instructor's values, not the text (test_grader_boundary.py grades it: stubs score 0)."""
+    nb = nbformat.read(ROOT / "labs" / lab / f"{lab}.ipynb", as_version=4)
+    (index,) = [i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", [])]
+    nb.cells[index].source = NOT_DATA
+    instructor = lab_of(ROOT / "solutions" / lab)
+    parts = split(nb, instructor)
+    message = parts.parameter_errors[index]
+    for line in (2, 5, 9, 14):  # the import, the function, the class, the patch
+        assert f"line {line}: " in message, message
+    assert "a parameters cell holds only assignments of literal values to SMOKE" in message
+    assert "no function, class, import, call or other name" in message
+    assert parts.parameters == instructor.parameters == {"SMOKE": False}
+    (sandboxed,) = [c.source for c in parts.learner if c.index == index]
+    assert sandboxed == params.as_source(instructor.parameters)  # SMOKE = False, no text
+    assert not {"helper", "Patch", "torch"} & parts.learner_names
+    nb.cells[index].source = "SMOKE = True  # quick, while I work\n"  # data: read, not refused
+    assert split(nb, instructor).parameters == {"SMOKE": True}
+
+
 def test_autograde_takes_each_lab_cells_role_from_the_gradebook(monkeypatch):
     """A submission that switched a hidden test's `grade` flag off (nbgrader's OverwriteCells
     restores a locked cell's source and lock, not that flag) and made its solution cell look

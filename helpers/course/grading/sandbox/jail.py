@@ -16,10 +16,14 @@ calls) is forked from it and, before it runs anything of the learner's, calls
   back (read-only; ``__pycache__`` left out, so no compiled copy stays either); a refused
   package's own directory is covered by one that holds only an ``__init__.py`` raising
   ModuleNotFoundError. An import, a path, a ``spec_from_file_location`` or ``open`` finds
-  nothing of them. A refused module that the slot
-  itself had loaded before the job (part of torch's own start-up) cannot be taken out of
-  memory: it is left as it is (``job["hide"]`` names module and path; such pairs are
-  skipped) and the guard and the recorded messages answer for it;
+  nothing of them. A refused module that the slot itself had loaded before the job (part
+  of torch's own start-up or the slot's preload: torch.nn.parallel, torch.distributed.
+  tensor, ...) leaves this job's ``sys.modules`` with its submodules and its package's
+  attribute, and its files are covered as well: ``import``, ``__import__``,
+  ``importlib.import_module`` (torch.importlib's too) and ``sys.modules`` find nothing. Its
+  objects that other loaded modules hold stay in memory (``torch.nn.DataParallel``, a
+  DTensor class an FSDP module imported): the guard and the recorded messages answer for
+  those;
 * resource limits: processes in the sandbox, bytes of data per process, file size;
 * then every capability is dropped (the slot keeps CAP_SYS_ADMIN in its own user
   namespace to make these mounts; the learner's code never has it), and the result is
@@ -124,14 +128,24 @@ def _stub(package: str, module: str) -> None:
     _read_only(package)
 
 
+def _unload(module: str) -> None:
+    """``module`` and its submodules out of this job's ``sys.modules``, and off its package
+    (``from package import name`` reads the attribute before it imports)."""
+    for name in [m for m in list(sys.modules) if m == module or m.startswith(module + ".")]:
+        del sys.modules[name]
+    parent, _, child = module.rpartition(".")
+    if parent in sys.modules and child in vars(sys.modules[parent]):
+        delattr(sys.modules[parent], child)
+
+
 def hide(pairs) -> list[str]:
-    """Make each (module, path) absent, outermost first; the modules left in memory, named."""
+    """Make each (module, path) absent, outermost first; the modules it took out of memory."""
     todo: dict[str, tuple[str, set[str]]] = {}  # directory -> (module, entries to remove)
     in_memory = []
     for module, path in pairs:
         if _loaded(module):
             in_memory.append(module)
-            continue
+            _unload(module)
         path = os.path.normpath(path)
         if os.path.isdir(path):
             todo[path] = (module, set())  # a package: stubbed
@@ -177,8 +191,8 @@ def drop_capabilities() -> None:
 
 
 def enter(job: dict) -> list[str]:
-    """The job's own namespaces (see the module docstring); the refused modules that stay
-    in memory. Raises JailError, in which case no learner code may run."""
+    """The job's own namespaces (see the module docstring); the refused modules it took out
+    of memory. Raises JailError, in which case no learner code may run."""
     _ok(_libc.unshare(CLONE_NEWNS | CLONE_NEWIPC), "unshare (mount, IPC)")
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     size = int(job.get("tmpfs_bytes", TMPFS_BYTES))
