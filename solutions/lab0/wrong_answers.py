@@ -182,3 +182,33 @@ def shard_range(n: int, rank: int, world_size: int) -> range:
     q, r = max(1, n // world_size), n % world_size
     start = min(rank * q + min(rank, r), n)
     return range(start, min(start + q + (1 if rank < r else 0), n))
+
+# === wrong: decoy_blocks_by_point_to_point
+# A decoy (issue 38): every rank sends its block's sum and count to every other rank with plain
+# sends (no collective), adds them up itself, and makes the one all-reduce the tests count, of
+# zeros. Right values, one all-reduce on the wire; when the grading process changes rank 1's
+# message by a factor it does not tell the ranks, the mean does not follow.
+# %% cell: mean_on_ranks
+%%program lab0_mean
+import torch
+import torch.distributed as tdist
+
+if __name__ != "__main__":  # imported by the cluster job: Part 1 is programs/lab0_shard.py
+    from lab0_shard import shard_range
+
+
+def mean_on_ranks(d, n: int, read) -> float:
+    block = shard_range(n, d.rank, d.world_size)
+    shard = read(block.start, block.stop)
+    mine = torch.stack([shard.sum(), torch.tensor(float(len(shard)), dtype=shard.dtype)])
+    works = [tdist.isend(mine, r) for r in range(d.world_size) if r != d.rank]
+    total = mine.clone()
+    for r in range(d.world_size):
+        if r != d.rank:
+            other = torch.empty_like(mine)
+            tdist.recv(other, r)
+            total += other
+    for w in works:
+        w.wait()
+    tdist.all_reduce(torch.zeros_like(mine))  # for the record
+    return (total[0] / total[1]).item()

@@ -337,3 +337,46 @@ def gpipe_step(d, stage: nn.Module, x: torch.Tensor, y: torch.Tensor, m: int):
         if not first:
             tdist.send(h.grad, dst=r - 1)
     return total
+
+# === wrong: pipeline_plus_whole_model_gradients
+# The right pipeline, and on the side every rank runs the whole model (rebuilt from its width)
+# on the whole batch and computes all its gradients: the values and messages are right, but a
+# rank holds the whole model's gradients, which the operating system counts (issue 38: the
+# rank's own count of its allocations, which a submission could switch off, no longer decides).
+# %% cell: gpipe_step
+%%program lab3_gpipe
+import torch
+import torch.distributed as tdist
+from torch import nn
+
+
+def gpipe_step(d, stage: nn.Module, x: torch.Tensor, y: torch.Tensor, m: int):
+    full = make_model(x.shape[1])
+    nn.functional.mse_loss(full(x), y).backward()
+    r, p = d.rank, d.world_size
+    first, last = r == 0, r == p - 1
+    inputs, outputs, losses = [], [], []
+    for x_i, y_i in zip(x.chunk(m), y.chunk(m)):
+        if first:
+            h = x_i
+        else:
+            h = torch.empty_like(x_i)
+            tdist.recv(h, src=r - 1)
+            h.requires_grad_()
+        out = stage(h)
+        if last:
+            losses.append(nn.functional.mse_loss(out, y_i) / m)
+        else:
+            tdist.send(out.detach(), dst=r + 1)
+        inputs.append(h)
+        outputs.append(out)
+    for i in range(m):
+        if last:
+            losses[i].backward()
+        else:
+            grad = torch.empty_like(outputs[i])
+            tdist.recv(grad, src=r + 1)
+            outputs[i].backward(grad)
+        if not first:
+            tdist.send(inputs[i].grad, dst=r - 1)
+    return torch.stack(losses).sum().detach() if last else None
