@@ -319,3 +319,52 @@ def ring_attention(d, q, k, v, positions, causal=False):
         mask = causal_mask(positions[r], torch.cat([positions[j] for j in owners])).to(q.device)
     out, _ = block_attention(q, keys, values, mask)
     return out
+
+# === wrong: keeps_blocks_in_memory_set_aside_at_import
+# Keeps every block it receives (as keeps_every_block_attends_at_the_end), in 40 MiB it made and
+# touched on its first call (the memory test's warm-up), then merges them at the end: the
+# blocks cost no new memory during the measured ring, but the rank held them before it
+# (issue 38's red team: what a rank holds before a measured run is bounded too).
+# %% cell: ring_attention
+%%program lab7_ring
+import torch
+import torch.distributed as tdist
+
+if __name__ != "__main__":
+    from lab7_blocks import block_attention, causal_mask, merge
+
+STORE = []  # 40 MiB, made and touched on the first call (the test's warm-up), then kept
+
+
+def ring_attention(d, q, k, v, positions, causal=False):
+    n, r = d.world_size, d.rank
+    right, left = (r + 1) % n, (r - 1) % n
+    if not STORE:
+        STORE.append(torch.ones(5 << 20, dtype=q.dtype, device=q.device))
+    store = STORE[0]
+    kv = torch.stack([k, v])
+    held = {r: kv}
+    used = 0
+    for step in range(n - 1):
+        src = (r - step) % n
+        shape = (*kv.shape[:-2], len(positions[(src - 1) % n]), kv.shape[-1])
+        count = 1
+        for s in shape:
+            count *= s
+        if used + count <= store.numel():
+            nxt = store[used : used + count].view(shape)
+            used += count
+        else:
+            nxt = torch.empty(shape, dtype=kv.dtype, device=kv.device)
+        reqs = tdist.batch_isend_irecv([tdist.P2POp(tdist.isend, kv, right), tdist.P2POp(tdist.irecv, nxt, left)])
+        for req in reqs:
+            req.wait()
+        kv = nxt
+        held[(src - 1) % n] = kv
+    out = torch.zeros_like(q)
+    lse = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
+    for j in sorted(held):
+        mask = causal_mask(positions[r], positions[j]).to(q.device) if causal else None
+        if mask is None or mask.any():
+            out, lse = merge(out, lse, *block_attention(q, held[j][0], held[j][1], mask))
+    return out
