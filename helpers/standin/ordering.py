@@ -211,9 +211,7 @@ class GroupCheck(OpLog):
                 try:
                     if self._ask(index, marked):
                         return None
-                except WouldHang:
-                    raise
-                except RuntimeError as e:  # the store's host ended while this rank waits
+                except tdist.DistError as e:  # the store's host ended while this rank waits
                     return self._gone(index, e)
                 marked = True
             if time.monotonic() > deadline:
@@ -296,12 +294,33 @@ class GroupCheck(OpLog):
             self._close_batch()
             self.store.set(f"nccl/blocked/{self.rank}", f"{len(self.ops)}:end")
 
+    def await_ends(self) -> None:
+        """Return when every other rank of the group has ended its program (at most the
+        group's timeout): rank 0's process hosts the store, and a rank still running would
+        find it gone (a dry run stops each rank at its own second optimizer step, without the
+        barrier of ``dist.cleanup``)."""
+        keys = [f"nccl/blocked/{q}" for q in range(self.size) if q != self.rank]
+        deadline, pause = time.monotonic() + self.timeout_s, 0.001
+        while keys and time.monotonic() < deadline:
+            if self.store.check(keys):
+                if all(bytes(v).decode().endswith(":end") for v in self.store.multi_get(keys)):
+                    return
+            time.sleep(pause)
+            pause = min(2 * pause, 0.05)
 
-def end_all() -> None:
-    """The program ended (helpers.course.dryrun.child calls it): mark every group's check."""
-    for check in list(_LIVE):
+
+def end_all(wait: bool = True) -> None:
+    """The program ended (helpers.course.dryrun.child calls it): mark every group's check, and
+    (``wait``: it ended well) wait for the other ranks to end theirs (``await_ends``)."""
+    checks = list(_LIVE)
+    for check in checks:
         try:
             check.end()
         except Exception:  # noqa: BLE001 - a group already gone has nobody left to tell
+            pass
+    for check in checks if wait else []:
+        try:
+            check.await_ends()
+        except Exception:  # noqa: BLE001 - the store's host is gone: nobody left to wait for
             pass
     _LIVE.clear()

@@ -136,3 +136,37 @@ def test_what_processgroupnccl_refuses_and_gloo_takes_fails_naming_the_line(tmp_
     assert not bad["ok"], anysource
     assert bad["program_line"].startswith("program.py:12: tdist.recv(torch.empty(2"), bad
     assert "NCCL has none" in bad["error"] and "src=" in bad["error"], bad["error"]
+
+
+LATE_RANK = """
+import time
+import torch
+import torch.distributed as tdist
+from helpers import dist
+
+d = dist.init()
+alone = [tdist.new_group([r]) for r in range(d.world_size)]  # a group of one per rank
+model = torch.nn.Linear(4, 1).to(d.device)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(4):
+    model(torch.ones(2, 4, device=d.device)).sum().backward()
+    tdist.all_reduce(model.weight.grad)
+    if d.rank == 1:  # rank 1 is late for its own group's all-reduce
+        until = time.perf_counter() + 0.5
+        while time.perf_counter() < until:
+            pass
+    tdist.all_reduce(model.bias.grad, group=alone[d.rank])
+    opt.step()
+    opt.zero_grad()
+dist.cleanup()
+"""
+
+
+def test_a_rank_stopped_at_its_step_waits_for_the_others_before_its_store_goes(tmp_path):
+    """The dry run stops each rank at its own second optimizer step, without dist.cleanup's
+    barrier. Rank 0's process hosts the store every group's check uses: had it left first,
+    rank 1, still in step 2, failed on that store ('Broken pipe' at its all_reduce; 06's
+    tp-decoder job did so in make dryrun). Both ranks now stop at their step."""
+    results = run_ranks(_program(tmp_path, LATE_RANK), [], "strict", 2, small=True, timeout=120)
+    for r in results:
+        assert r["ok"] and r["ended"] == "stopped after 2 optimizer step(s)", r

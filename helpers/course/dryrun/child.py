@@ -148,7 +148,9 @@ def _run_program(program: Path, tracker, progress, result: dict, checked: bool =
     result["seconds"] = time.perf_counter() - start
     from helpers.standin.ordering import end_all
 
-    end_all()  # ranks still waiting for this one's operations: it will post no more
+    # ranks still waiting for this one's operations: it will post no more; a rank that ended
+    # well then waits for the others, whose checks use the store rank 0's process hosts
+    end_all(wait=result.get("ok") is not False)
 
 
 def _op_log(result: dict) -> None:
