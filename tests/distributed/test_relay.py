@@ -5,8 +5,9 @@ gloo's result, messages in any order complete, subgroups and DeviceMesh work, an
 switch records, refuses and tampers in this process as the test's plan says, whatever the
 rank's own recorder does: a rank that closes its recording early, never opens one or
 brings a tamper of its own changes nothing but where its operations are listed. The
-memory the switch measures is the process's (/proc), and a hook that waits for its
-all-reduce during backward is failed at once.
+memory the switch measures is the process's (/proc), a hook that waits for its
+all-reduce during backward is failed at once, and only a DDP that overlaps logs an
+all-reduce before backward reaches the gate below its parameter.
 """
 
 from __future__ import annotations
@@ -471,6 +472,45 @@ def test_a_hook_that_waits_for_its_all_reduce_fails_at_once():
         with EventLog(allow=["all_reduce"], gates=True):
             run(_blocking_hook, 2, True)
     assert time.monotonic() - start < 10
+
+
+def _reduces_after_backward(rank):
+    """No hooks: backward first, then an all-reduce of each gradient (nothing overlaps)."""
+    from helpers.course.grading.recorder import probe
+
+    w = torch.ones(8, requires_grad=True)
+    v = torch.ones(8, requires_grad=True)
+    with record_traffic(allow=["all_reduce"]):
+        loss = (probe.gate("g1", w * 2) * v).sum()
+        probe.point("begin")
+        loss.backward()
+        probe.point("end")
+        for p in (v, w):
+            tdist.all_reduce(p.grad)
+    return w.grad.tolist()
+
+
+def _backward_log(log, rank):
+    events = log.recordings(rank)[0].events
+    return [e["name"] if e["kind"] == "gate" else e["op"]
+            for e in events if e["kind"] in ("gate", "collective")]  # fmt: skip
+
+
+def test_only_an_overlapping_ddp_leaves_an_all_reduce_before_the_gate():
+    # v is above the gate: an overlapping DDP's all-reduce of v.grad reaches the relay before
+    # backward asks for the gate's factor, and w's (below, it needs the factor) after it. A
+    # DDP that all-reduces once backward has returned cannot produce that record, however it
+    # reports itself: the relay logs the gate when backward reaches it.
+    with EventLog(allow=["all_reduce"], gates=True) as log:
+        run(_blocking_hook, 2, False)
+    for rank in range(2):
+        assert _backward_log(log, rank) == ["begin", "all_reduce", "g1", "all_reduce", "end"]
+    with EventLog(allow=["all_reduce"], gates=True) as log:
+        out, _ = run(_reduces_after_backward, 2)
+    factor = log.factors("g1")[0]
+    torch.testing.assert_close(torch.tensor(out[0]), 2 * 2 * factor.float())  # right values
+    for rank in range(2):
+        assert _backward_log(log, rank) == ["begin", "g1", "end", "all_reduce", "all_reduce"]
 
 
 def _ends_early(rank):

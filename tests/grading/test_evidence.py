@@ -2,8 +2,8 @@
 
 Each test grades one lab cell, guard switched off (``grade(..., guard_first=False)``), so that
 what holds is the boundary itself, with a submission that tries what scored full marks on
-7718dfa: read the tamper plan from its rank and fake the effect of the changed message (lab 0,
-lab 7), switch off the recorder's memory count and keep a full copy anyway (labs 2 and 3),
+7718dfa: read the tamper plan from its rank (the test's frames, the plan a kernel's recorder reads)
+and fake the effect of the changed message (lab 0), switch off the recorder's memory count and keep a full copy anyway (labs 2 and 3),
 forge the "backward returned" note of a hook that waits (lab 6). Each must lose the test
 cell it aims at. The relay-level checks (a rank that ends its recording, brings its own tamper,
 or waits in a hook; memory as /proc counts it) are in tests/distributed/test_relay.py.
@@ -55,13 +55,25 @@ if __name__ != "__main__":
     from lab0_shard import shard_range
 
 
+CALLS = [0]
+
+
 def mean_on_ranks(d, n, read):
-    # A decoy: the whole data and the tamper plan from the test's own frames; one all-reduce of
-    # zeros for the record, the effect of the changed message faked.
+    # A decoy: the whole data and the tamper plan from the test's own frames, or from the plan
+    # the recorder reads beside the EventLog's socket (WB_EVENT_LOG, as in a learner's own
+    # kernel); one all-reduce of zeros for the record, the effect of the changed message faked.
+    case, CALLS[0] = CALLS[0], CALLS[0] + 1
     data = tamper = None
     for f in inspect.stack():
         if "data" in f.frame.f_locals and "cases" in f.frame.f_locals:
             data, tamper = f.frame.f_locals["data"], f.frame.f_locals.get("tamper")
+    try:
+        from helpers.course.grading.recorder import events
+
+        planned = [t for t in events.planned().tamper if t.rank == 1 and t.case in (None, case)]
+        tamper = planned[0] if planned else tamper
+    except Exception:
+        pass
     tdist.all_reduce(torch.zeros(2, dtype=torch.float64))
     s, c = data.sum().item(), len(data)
     if tamper is not None and d.world_size > 1:

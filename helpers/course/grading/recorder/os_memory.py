@@ -31,7 +31,15 @@ from __future__ import annotations
 import ctypes
 import os
 
-__all__ = ["MeterError", "blocked", "measurable", "prepare_allocator", "sample", "trim"]
+__all__ = [
+    "MeterError",
+    "blocked",
+    "measurable",
+    "prepare_allocator",
+    "sample",
+    "tmpfs_bytes",
+    "trim",
+]
 
 SANDBOX_TMPFS = ("tmp", "dev/shm", "scratch")
 _FIELDS = {"VmRSS": "rss", "VmHWM": "hwm", "RssAnon": "anon", "RssFile": "file",
@@ -62,10 +70,24 @@ def _status(pid: int) -> dict[str, int]:
     return out
 
 
-def _tmpfs_bytes(pid: int) -> int:
-    """Bytes in the tmpfs of the rank's sandbox, as its mount namespace shows them."""
+def tmpfs_bytes(pid: int) -> int:
+    """Bytes in the tmpfs of the rank's sandbox (/tmp, /dev/shm, its scratch directory), as its
+    mount namespace shows them; 0 for a process that shares the grading process's mounts (a
+    plain process: the machine's /tmp and /dev/shm are not the rank's alone)."""
+    try:
+        if os.readlink(f"/proc/{pid}/ns/mnt") == os.readlink("/proc/self/ns/mnt"):
+            return 0
+        with open(f"/proc/{pid}/mountinfo") as f:
+            kinds = {}
+            for line in f:
+                fields, _, fs = line.partition(" - ")
+                kinds[fields.split()[4]] = fs.split()[0]
+    except OSError:
+        return 0
     total = 0
     for path in SANDBOX_TMPFS:
+        if kinds.get("/" + path) != "tmpfs":
+            continue
         try:
             st = os.statvfs(f"/proc/{pid}/root/{path}")
         except OSError:
@@ -80,7 +102,7 @@ def sample(pid: int, reset: bool = True, files: bool = True) -> dict[str, int]:
     out.setdefault("anon", out["rss"])
     out.setdefault("file", 0)
     out.setdefault("shmem", 0)
-    out["files"] = _tmpfs_bytes(pid) if files else 0
+    out["files"] = tmpfs_bytes(pid) if files else 0
     if reset:
         try:
             with open(f"/proc/{pid}/clear_refs", "w") as f:

@@ -41,7 +41,9 @@ def window_peak(marks: list[dict]) -> int:
         return 0
     start = marks[0]
     top = max(m["hwm"] for m in marks[1:])
-    files = max(m["files"] for m in marks)
+    # tmpfs at each sample, and at each operation between two samples (the relay's, under a
+    # memory plan): files written and removed while the rank communicated count too
+    files = max([start["files"]] + [m.get("files_peak", m["files"]) for m in marks[1:]])
     return max(0, top - start["rss"]) + max(0, files - start["files"])
 
 

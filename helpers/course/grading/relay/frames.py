@@ -28,7 +28,7 @@ __all__ = [
 HEAD = struct.Struct("!II")  # header length, payload length
 MAX_HEADER = 1 << 20  # a header is a few hundred bytes; more is not a relay frame
 MAX_PAYLOAD = 1 << 31
-MAX_MESSAGE = 256 << 20  # what a rank may send at once: the labs' tests send well under 1 MiB
+MAX_MESSAGE = 256 << 20  # what a rank may send at once: the labs' memory tests send 8 MiB blocks
 DTYPES = {
     name: getattr(torch, name)
     for name in (

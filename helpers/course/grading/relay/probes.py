@@ -54,6 +54,7 @@ class _State:
     progress: int = 0  # all-reduces and gates arrived
     sent_at: dict[int, tuple[int, bool]] = field(default_factory=dict)  # id -> (progress, hold?)
     held: list[_Held] = field(default_factory=list)
+    files: int = 0  # the most the rank's tmpfs held at its operations since its last sample
 
 
 class Probes:
@@ -84,7 +85,21 @@ class Probes:
     def sample(self, rank: int, marks, name: str) -> None:
         if self.plan.memory and self.log is not None:
             recs = [o.record for o in marks.stack if o.record is not None]
-            sample_into(self.log, rank, self._pid(rank), name, recs)
+            mark = sample_into(self.log, rank, self._pid(rank), name, recs)
+            if "files" in mark:  # with files that came and went since the last sample
+                mark["files_peak"] = max(mark["files"], self.states[rank].files)
+            self.states[rank].files = 0
+
+    def touched(self, rank: int) -> None:
+        """An operation of ``rank`` arrived (a memory plan): what its sandbox's tmpfs hold now
+        counts towards the next sample, so files written and removed between two samples
+        while the rank communicates are seen."""
+        if not self.plan.memory:
+            return
+        pid = self._pid(rank)
+        if pid is not None:
+            state = self.states[rank]
+            state.files = max(state.files, os_memory.tmpfs_bytes(pid))
 
     def _pid(self, rank: int) -> int | None:
         try:

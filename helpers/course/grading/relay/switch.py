@@ -145,6 +145,8 @@ class RelaySwitch:
 
     def _handle(self, rank: int, head: dict, payload: bytearray) -> None:
         kind, marks = head.get("t"), self.ranks[rank].marks
+        if kind in ("coll", "send", "recv"):
+            self.probes.touched(rank)
         if kind == "coll":
             self._collective(rank, head, payload)
         elif kind == "send":
