@@ -201,14 +201,12 @@ def mean_on_ranks(d, n: int, read) -> float:
     block = shard_range(n, d.rank, d.world_size)
     shard = read(block.start, block.stop)
     mine = torch.stack([shard.sum(), torch.tensor(float(len(shard)), dtype=shard.dtype)])
-    works = [tdist.isend(mine, r) for r in range(d.world_size) if r != d.rank]
-    total = mine.clone()
-    for r in range(d.world_size):
-        if r != d.rank:
-            other = torch.empty_like(mine)
-            tdist.recv(other, r)
-            total += other
-    for w in works:
+    others = [r for r in range(d.world_size) if r != d.rank]
+    received = [torch.empty_like(mine) for _ in others]
+    ops = [tdist.P2POp(tdist.isend, mine, r) for r in others]  # one batch: safe on NCCL too
+    ops += [tdist.P2POp(tdist.irecv, buf, r) for r, buf in zip(others, received)]
+    for w in tdist.batch_isend_irecv(ops):
         w.wait()
+    total = mine + sum(received)
     tdist.all_reduce(torch.zeros_like(mine))  # for the record
     return (total[0] / total[1]).item()
