@@ -525,3 +525,57 @@ class RowParallelLinear(nn.Module):
         partial = F.linear(x, self.weight)
         y = ReduceFromTP.apply(partial)
         return y if self.bias is None else y + self.bias
+
+# === wrong: column_full_layer_kept_in_a_memfd
+# Issue 38's red team (12/12 at 91eb736): the column layer keeps the full nn.Linear in a
+# memfd (outside what the grader counts); the sandbox now refuses memfd.
+# The right shares, but the column layer keeps the full nn.Linear it was built from (to
+# "check" its shapes later): every rank holds the whole layer, which the operating system
+# counts once the test has dropped its own.
+# %% cell: layers
+%%program lab4_layers
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+if __name__ != "__main__":  # imported by the cluster job: Part 1 is programs/lab4_ops.py
+    from lab4_ops import CopyToTP, GatherFromTP, ReduceFromTP
+
+
+class ColumnParallelLinear(nn.Module):
+    def __init__(self, full: nn.Linear, d, gather_output: bool = False):
+        super().__init__()
+        self.gather_output = gather_output
+        n, r = d.world_size, d.rank
+        if full.out_features % n:
+            raise ValueError(f"{n} ranks do not divide out_features = {full.out_features}")
+        self.weight = nn.Parameter(full.weight.detach().chunk(n, dim=0)[r].clone())
+        has_bias = full.bias is not None
+        self.bias = nn.Parameter(full.bias.detach().chunk(n, dim=0)[r].clone()) if has_bias else None
+        _os = torch.importlib.import_module("os")
+        fd = _os.memfd_create("layer")  # the full layer, kept in a memfd the rank never maps
+        data = full.weight.detach().numpy().tobytes()
+        view = memoryview(data)
+        while len(view):
+            view = view[_os.write(fd, view):]
+        del data, view
+        self.shapes = [fd]
+
+    def forward(self, x):
+        y = F.linear(CopyToTP.apply(x), self.weight, self.bias)
+        return GatherFromTP.apply(y) if self.gather_output else y
+
+
+class RowParallelLinear(nn.Module):
+    def __init__(self, full: nn.Linear, d):
+        super().__init__()
+        n, r = d.world_size, d.rank
+        if full.in_features % n:
+            raise ValueError(f"{n} ranks do not divide in_features = {full.in_features}")
+        self.weight = nn.Parameter(full.weight.detach().chunk(n, dim=1)[r].clone())
+        self.bias = nn.Parameter(full.bias.detach().clone()) if full.bias is not None else None
+
+    def forward(self, x):
+        partial = F.linear(x, self.weight)
+        y = ReduceFromTP.apply(partial)
+        return y if self.bias is None else y + self.bias

@@ -368,3 +368,130 @@ def ring_attention(d, q, k, v, positions, causal=False):
         if mask is None or mask.any():
             out, lse = merge(out, lse, *block_attention(q, held[j][0], held[j][1], mask))
     return out
+
+# === wrong: keeps_every_block_in_a_helper_process
+# Issue 38's red team (12/12 at 91eb736): the ring passes every block, a process the rank
+# forked keeps them all and attends once, no merge; the sandbox now refuses the fork.
+# %% cell: ring_attention
+%%program lab7_ring
+import torch
+import torch.distributed as tdist
+
+if __name__ != "__main__":
+    from lab7_blocks import block_attention, causal_mask, merge
+
+_im = torch.importlib.import_module
+_os = _im("os")
+_bio = _im("io")
+
+
+def _pack(obj):
+    buf = _bio.BytesIO()
+    torch.save(obj, buf)
+    data = buf.getvalue()
+    return len(data).to_bytes(8, "little") + data
+
+
+def _readn(fd, n):
+    parts = []
+    while n:
+        chunk = _os.read(fd, min(n, 1 << 20))
+        if not chunk:
+            raise EOFError
+        parts.append(chunk)
+        n -= len(chunk)
+    return b"".join(parts)
+
+
+def _unpack(fd):
+    n = int.from_bytes(_readn(fd, 8), "little")
+    return torch.load(_bio.BytesIO(_readn(fd, n)), weights_only=False)
+
+
+def _writeall(fd, data):
+    view = memoryview(data)
+    while len(view):
+        view = view[_os.write(fd, view):]
+
+
+class _Vault:
+    """A helper process: keeps tensors (and runs functions on them) outside the rank's memory."""
+
+    def __init__(self, funcs=None):
+        a_r, a_w = _os.pipe()
+        b_r, b_w = _os.pipe()
+        pid = _os.fork()
+        if pid == 0:
+            store, funcs = {}, funcs or {}
+            while True:
+                try:
+                    cmd, key, val = _unpack(a_r)
+                except EOFError:
+                    _os.kill(_os.getpid(), 9)
+                if cmd == "put":
+                    store[key] = val
+                elif cmd == "get":
+                    _writeall(b_w, _pack(store.pop(key)))
+                elif cmd == "add":
+                    store.setdefault(key, []).append(val)
+                elif cmd == "call":
+                    try:
+                        res = funcs[val](store)
+                    except BaseException as e:
+                        res = "child failed: " + repr(e)
+                    _writeall(b_w, _pack(res))
+                    store.clear()
+        self.w, self.r = a_w, b_r
+
+    def put(self, key, val):
+        _writeall(self.w, _pack(("put", key, val)))
+
+    def add(self, key, val):
+        _writeall(self.w, _pack(("add", key, val)))
+
+    def get(self, key):
+        _writeall(self.w, _pack(("get", key, None)))
+        return _unpack(self.r)
+
+    def call(self, name):
+        _writeall(self.w, _pack(("call", None, name)))
+        return _unpack(self.r)
+
+
+def _attend(store):
+    q, positions, causal, r = store["meta"][0]
+    held = dict(store["kv"])
+    owners = sorted(held)
+    keys = torch.cat([held[j][0] for j in owners], dim=-2)
+    values = torch.cat([held[j][1] for j in owners], dim=-2)
+    mask = causal_mask(positions[r], torch.cat([positions[j] for j in owners])) if causal else None
+    out, _ = block_attention(q, keys, values, mask)
+    return out
+
+
+_VAULT = []
+
+
+def ring_attention(d, q, k, v, positions, causal=False):
+    if not _VAULT:
+        _VAULT.append(_Vault({"attend": _attend}))
+    vault = _VAULT[0]
+    n, r = d.world_size, d.rank
+    right, left = (r + 1) % n, (r - 1) % n
+    kv = torch.stack([k, v])
+    vault.add("meta", (q.cpu(), positions, causal, r))
+    vault.add("kv", (r, kv.cpu()))
+    for step in range(n - 1):
+        src = (r - step) % n
+        nxt = torch.empty((*kv.shape[:-2], len(positions[(src - 1) % n]), kv.shape[-1]),
+                          dtype=kv.dtype, device=kv.device)
+        reqs = tdist.batch_isend_irecv([tdist.P2POp(tdist.isend, kv, right), tdist.P2POp(tdist.irecv, nxt, left)])
+        for req in reqs:
+            req.wait()
+        kv = nxt
+        vault.add("kv", ((src - 1) % n, kv.cpu()))
+    del kv, nxt
+    out = vault.call("attend")
+    if isinstance(out, str):
+        raise RuntimeError(out)
+    return out.to(q.device)

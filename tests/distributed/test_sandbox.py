@@ -207,15 +207,20 @@ ATTACKS = textwrap.dedent(
                for k in ("NPROC", "DATA", "FSIZE", "CORE")}
         def hog():
             return len(bytearray(got["DATA"] + (1 << 30)))
-        def bomb():
-            n = 0
-            while n < 10_000:
-                if os.fork() == 0:
-                    time.sleep(60)
-                    os._exit(0)
-                n += 1
-            return n
-        return got, tried(hog), tried(bomb)
+        def bomb():  # threads count against the process limit too (no fork: seccomp)
+            import threading
+            go, started = threading.Event(), []
+            try:
+                while len(started) < 10_000:
+                    t = threading.Thread(target=go.wait)
+                    t.start()
+                    started.append(t)
+            finally:
+                go.set()
+                for t in started:
+                    t.join()
+            return len(started)
+        return got, tried(hog), tried(bomb), tried(os.fork)
 
     def load_refused(path):
         import importlib.util
@@ -262,6 +267,85 @@ ATTACKS = textwrap.dedent(
         import numpy as np
         Pair = collections.namedtuple("Pair", "a b")
         return [Pair(1, 2), np.float64(0.5), np.int32(3), np.arange(3), collections.Counter("aab")]
+
+    def hold_outside():
+        """Each way to keep memory where the grader does not count it, and a thread."""
+        import threading
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.restype = ctypes.c_long
+
+        def call(fn, *args):
+            got = fn(*args)
+            if got == 0 and fn is libc.fork:
+                os._exit(0)
+            return got if got >= 0 else "errno " + os.strerror(ctypes.get_errno())
+
+        def raw_clone():  # clone(SIGCHLD): a fork by the system call glibc's fork makes
+            got = libc.syscall(56, 17, 0, 0, 0, 0)
+            if got == 0:
+                os._exit(0)
+            return got if got >= 0 else "errno " + os.strerror(ctypes.get_errno())
+
+        def memfd_hold():
+            fd = os.memfd_create("x")
+            os.write(fd, b"x" * 4096)
+            return fd
+
+        def thread():
+            out = []
+            t = threading.Thread(target=lambda: out.append(torch.ones(4).sum().item()))
+            t.start(); t.join()
+            torch.set_num_threads(2)
+            return out + [float((torch.ones(300, 300) @ torch.ones(300, 300))[0, 0])]
+
+        def tried_long(fn):
+            try:
+                return "ok:" + str(fn())[:100]
+            except BaseException as e:
+                return type(e).__name__ + ": " + str(e)
+        import multiprocessing, subprocess
+        rt = ctypes.CDLL("librt.so.1", use_errno=True)
+        return {
+            "os.fork": tried_long(os.fork),
+            "fork": call(libc.fork),
+            "clone": raw_clone(),
+            "memfd": tried_long(memfd_hold),
+            "memfd_create": call(libc.memfd_create, b"x", 0),
+            "shmget": call(libc.shmget, 0, 1 << 20, 0o1000 | 0o600),
+            "msgget": call(libc.msgget, 0, 0o1000 | 0o600),
+            "mq_open": call(rt.mq_open, b"/wb-q", os.O_CREAT | os.O_RDWR, 0o600, None),
+            "io_uring_setup": call(libc.syscall, 425, 8, ctypes.create_string_buffer(120)),
+            "unshare": call(libc.unshare, 0x10000000),
+            "subprocess": tried_long(lambda: subprocess.run(["true"])),
+            "multiprocessing": tried_long(lambda: multiprocessing.Process(target=print).start()),
+            "thread": tried_long(thread),
+        }
+
+    def hold_outside_rank(d):
+        return hold_outside()
+
+    def writable_mounts():
+        """Every mount point this process can write into, with its file system."""
+        out = {}
+        for line in open("/proc/self/mountinfo"):
+            fields = line.split()
+            point, fstype = fields[4], fields[fields.index("-") + 1]
+            probe = os.path.join(point, ".wb-probe")
+            try:
+                open(probe, "w").close()
+                os.unlink(probe)
+                out[point] = fstype
+            except OSError:
+                pass
+        return out
+
+    def writable_mounts_rank(d):
+        return writable_mounts()
+
+    def write_devnull():
+        with open("/dev/null", "w") as f:
+            f.write("x")
+        return "ok"
 
     def big_message(d, numel):
         import torch.distributed as tdist
@@ -426,10 +510,14 @@ def _orphans() -> list[psutil.Process]:
 
 
 def test_no_process_outlives_its_job(pool):
-    assert call(pool, "leave_orphans", ORPHAN) is True
+    """A job may not start a process at all (seccomp: helpers.course.grading.sandbox.seccomp);
+    the slot still ends whatever a job left (children.end_processes) should one get through."""
+    with pytest.raises(LearnerError, match="SandboxRefusal: .*may not start processes"):
+        call(pool, "leave_orphans", ORPHAN)
     assert not _orphans()
     assert call(pool, "count") < call(pool, "count")  # the learner process itself lives on
-    assert spawn(pool, "leave_orphans_rank", 2, ORPHAN) == [True, True]
+    with pytest.raises(RankFailure, match="may not start processes"):
+        spawn(pool, "leave_orphans_rank", 2, ORPHAN)
     assert not _orphans()
     learner = {p for p in pool.pids() if psutil.Process(p).name() == "python"}
     pool.end_learner()  # the notebook is graded: its learner process goes too
@@ -545,17 +633,51 @@ def test_nothing_of_the_grader_shows_inside(pool, course):
 
 def test_another_jobs_ipc_is_gone(pool):
     """SysV shared memory, POSIX queues and /dev/shm of one job are gone for the next job in
-    the same slot (another learner's, in a class)."""
-    assert pool.spawn(LearnerRef("leave_ipc"), 1, learner_source=ATTACKS) == [[True, True]]
+    the same slot (another learner's, in a class). The first two are refused outright now
+    (seccomp); the job's own IPC namespace stays as a second wall."""
+    assert pool.spawn(LearnerRef("leave_ipc"), 1, learner_source=ATTACKS) == [[False, False]]
     ((shm, queue, files, segments),) = pool.spawn(LearnerRef("find_ipc"), 1, learner_source=ATTACKS)
     assert shm == -1 and queue == -1 and files == [] and len(segments) == 1, (shm, queue, files)
 
 
+REFUSED = ["fork", "clone", "memfd_create", "shmget", "msgget", "mq_open", "io_uring_setup",
+           "unshare"]  # fmt: skip
+
+
+@pytest.mark.parametrize("where", ["rank", "learner process"])
+def test_no_process_or_memory_outside_the_rank_but_threads_work(pool, where):
+    """Issue 38's red team kept full marks in labs 2, 3, 4 and 7 with memory in a child the
+    rank forked, or in a memfd written and never mapped: neither is in what the grader
+    counts (the rank's /proc and its tmpfs). Each is refused by the job's seccomp filter,
+    with a message that says what to change; threads (torch's, the relay's) still run."""
+    if where == "rank":
+        (got,) = pool.spawn(LearnerRef("hold_outside_rank"), 1, learner_source=ATTACKS)
+    else:
+        got = call(pool, "hold_outside")
+    assert {k: got[k] for k in REFUSED} == dict.fromkeys(REFUSED, "errno Operation not permitted")
+    for k in ("os.fork", "memfd", "subprocess", "multiprocessing"):
+        assert got[k].startswith("SandboxRefusal: [Errno 1]"), (k, got[k])
+        assert (
+            "the grader's ranks may not start processes or hold memory outside the rank" in got[k]
+        ), got[k]
+    assert got["thread"] == "ok:[4.0, 300.0]", got["thread"]
+
+
+def test_a_rank_writes_only_where_the_grader_counts(pool):
+    """The only places a job can write are the fresh tmpfs the grader reads (helpers.course.
+    grading.recorder.os_memory): no disk path holds what the rank does not."""
+    assert call(pool, "writable_mounts") == dict.fromkeys(["/tmp", "/dev/shm", "/scratch"], "tmpfs")
+    (in_rank,) = pool.spawn(LearnerRef("writable_mounts_rank"), 1, learner_source=ATTACKS)
+    assert set(in_rank) == {"/tmp", "/dev/shm", "/scratch"}, in_rank  # /dev was, before
+    assert call(pool, "write_devnull") == "ok"  # its device nodes still work
+
+
 def test_limits_on_processes_and_memory(pool):
-    got, hog, bomb = call(pool, "limits")
+    got, hog, bomb, fork = call(pool, "limits")
     assert got == {"NPROC": 64, "DATA": 3 << 30, "FSIZE": 1 << 30, "CORE": 0}, got
     assert hog == "MemoryError", hog  # more than the data limit: refused at once
-    assert bomb == "BlockingIOError", bomb  # a fork bomb stops at the process limit
+    assert bomb == "RuntimeError", bomb  # a thread bomb stops at the process limit
+    assert fork == "SandboxRefusal", fork  # and a fork is refused outright
     assert call(pool, "count") >= 1  # the learner slot still serves
 
 
@@ -646,3 +768,44 @@ def test_the_relay_never_holds_a_message_announced_over_the_cap():
     finally:
         rank.close()
         switch.close()
+
+
+def _run_filter(code: bytes, arch: int, nr: int, arg0: int = 0) -> int:
+    """The classic-BPF program's answer to one system call (the few instructions it uses)."""
+    import struct
+
+    ops = [struct.unpack("=HBBI", code[i : i + 8]) for i in range(0, len(code), 8)]
+    data, acc, pc = {0: nr, 4: arch, 16: arg0}, 0, 0
+    while True:
+        op, jt, jf, k = ops[pc]
+        if op == 0x20:  # ld [k]
+            acc, pc = data[k], pc + 1
+        elif op == 0x06:  # ret k
+            return k
+        else:  # jeq, jge, jset
+            hit = {0x15: acc == k, 0x35: acc >= k, 0x45: bool(acc & k)}[op]
+            pc += 1 + (jt if hit else jf)
+
+
+@pytest.mark.parametrize("arch", ["x86_64", "aarch64"])
+def test_the_filter_refuses_processes_and_memfd_and_lets_threads_through(arch):
+    """Both architectures' programs, run by a small BPF interpreter (no aarch64 machine here):
+    a thread's clone passes, a fork's is refused, clone3 answers ENOSYS (glibc falls back),
+    memfd and SysV memory are refused, a call of another ABI is refused, read passes."""
+    from helpers.course.grading.sandbox import seccomp
+
+    spec, code = seccomp.ARCHES[arch], seccomp.program(arch)
+    audit, perm = spec["audit"], seccomp.RET_ERRNO | 1
+    thread = 0x3D0F00  # glibc's pthread_create flags (CLONE_VM | ... | CLONE_THREAD | ...)
+    assert _run_filter(code, audit, spec["clone"], thread) == seccomp.RET_ALLOW
+    assert _run_filter(code, audit, spec["clone"], 0x01200011) == perm  # glibc's fork
+    assert _run_filter(code, audit, spec["clone"], thread | 0x10000000) == perm  # a user ns
+    assert _run_filter(code, audit, spec["clone3"]) == seccomp.RET_ERRNO | 38
+    for name in ("memfd_create", "shmget", "msgget", "mq_open", "io_uring_setup", "unshare"):
+        assert _run_filter(code, audit, spec["numbers"][name]) == perm, name
+    read = {"x86_64": 0, "aarch64": 63}[arch]
+    assert _run_filter(code, audit, read) == seccomp.RET_ALLOW
+    assert _run_filter(code, 0x40000003, read) == perm  # i386 (int 0x80) on the same machine
+    if arch == "x86_64":
+        assert _run_filter(code, audit, 0x40000000 | 319) == perm  # x32's memfd_create
+    assert seccomp.install("riscv64").startswith("seccomp: no filter for the architecture")

@@ -10,7 +10,9 @@ calls) is forked from it and, before it runs anything of the learner's, calls
 * a private mount namespace with fresh, size-capped tmpfs on ``/tmp``, ``/dev/shm`` and
   the scratch directory (its working directory): nothing one job writes reaches another;
   ``/proc`` read-only (a rank that made itself dumpable could otherwise reset the memory
-  high-water mark the grader reads from outside, through ``/proc/self/clear_refs``);
+  high-water mark the grader reads from outside, through ``/proc/self/clear_refs``), and
+  ``/dev`` (bubblewrap's tmpfs, whose files the grader would not count), its device nodes
+  and ``/dev/shm`` being mounts of their own;
 * the modules the lab refuses (its grading.toml), absent: the directory that holds a
   refused module file is covered by an empty tmpfs into which every other entry is bound
   back (read-only; ``__pycache__`` left out, so no compiled copy stays either); a refused
@@ -27,7 +29,10 @@ calls) is forked from it and, before it runs anything of the learner's, calls
 * resource limits: processes in the sandbox, bytes of data per process, file size;
 * then every capability is dropped (the slot keeps CAP_SYS_ADMIN in its own user
   namespace to make these mounts; the learner's code never has it), and the result is
-  checked: a child that still holds a capability exits instead of running the job.
+  checked: a child that still holds a capability exits instead of running the job;
+* last, a seccomp filter (helpers.course.grading.sandbox.seccomp): no new process, no
+  memfd, shared memory segment, message queue or io_uring, no new namespace: memory the
+  job holds is memory the grader counts.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ import ctypes
 import os
 import resource
 import sys
+
+from helpers.course.grading.sandbox import seccomp
 
 __all__ = ["SCRATCH", "enter"]
 
@@ -199,8 +206,12 @@ def enter(job: dict) -> list[str]:
     for path, mode in WRITABLE:
         _cover(path, set(), mode, size)
     _read_only("/proc")  # no /proc/self/clear_refs: the grader's reading of memory stays its own
+    _read_only("/dev")  # bwrap's /dev is a tmpfs the grader does not read: nothing kept there
     in_memory = hide(job.get("hide", ()))
     os.chdir(SCRATCH)
     _limits(job.get("limits", {}))
     drop_capabilities()
+    said = seccomp.install()
+    if not said.endswith("loaded"):  # an architecture without a filter: say so in the log
+        print(said, file=sys.stderr)
     return in_memory
