@@ -17,6 +17,7 @@ import os
 import pickle
 import socket
 import tempfile
+import threading
 import time
 import traceback
 
@@ -33,7 +34,7 @@ from helpers.course.grading.recorder.traffic import (
     Tamper,
     record_traffic,
 )
-from helpers.course.grading.relay import backend
+from helpers.course.grading.relay import backend, stall
 from helpers.course.grading.relay.switch import RelaySwitch
 
 
@@ -472,6 +473,65 @@ def test_a_hook_that_waits_for_its_all_reduce_fails_at_once():
         with EventLog(allow=["all_reduce"], gates=True):
             run(_blocking_hook, 2, True)
     assert time.monotonic() - start < 10
+
+
+def _hook_that_gives_up(rank, how, limit):
+    """A hook that waits for its all-reduce, however (``how``), giving up after ``limit`` s:
+    on a cluster, where the all-reduce is done in microseconds, nothing overlaps."""
+    from helpers.course.grading.recorder import probe
+
+    w = torch.ones(8, requires_grad=True)
+    v = torch.ones(8, requires_grad=True)
+    pending, done = [], threading.Event()
+
+    def hook(p):
+        work = tdist.all_reduce(p.grad, async_op=True)
+        end = time.perf_counter() + limit
+        while not work.is_completed() and time.perf_counter() < end:
+            if how in ("sleep", "sleep beside a nice spinner"):
+                time.sleep(0.002)
+            elif how == "yield":
+                os.sched_yield()
+        pending.append(work)
+
+    def spinner():  # always runnable, at a priority that gets it little CPU under load
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        while not done.is_set():
+            pass
+
+    if how == "sleep beside a nice spinner":
+        threading.Thread(target=spinner, daemon=True).start()
+
+    for p in (w, v):
+        p.register_post_accumulate_grad_hook(hook)
+    with record_traffic(allow=["all_reduce"]):
+        loss = (probe.gate("g1", w * 2) * v).sum()
+        probe.point("begin")
+        loss.backward()
+        probe.point("end")
+        done.set()
+        for work in pending:
+            work.wait()
+    return w.grad.tolist()
+
+
+@pytest.mark.parametrize("how", ["spin", "yield", "sleep", "sleep beside a nice spinner"])
+def test_a_hook_that_waits_with_a_time_limit_fails(how):
+    # It never sleeps on the reply for long (or at all), gives up, and then the wire shows
+    # the order of an overlapping DDP: what it burnt or slept with the reply held shows it.
+    with pytest.raises(AssertionError, match="waited for its all-reduce of 8 elements"):
+        with EventLog(allow=["all_reduce"], gates=True):
+            run(_hook_that_gives_up, 2, how, 0.3)
+
+
+def test_an_overlapping_hook_stalls_far_below_the_limits():
+    with EventLog(allow=["all_reduce"], gates=True):
+        _, switch = run(_blocking_hook, 2, False)
+    stalls = switch.probes.stalls
+    print(f"held replies released: {len(stalls)}, most CPU {max(c for c, _ in stalls):.4f} s, "
+          f"most asleep {max(a for _, a in stalls):.3f} s")  # fmt: skip
+    assert stalls and max(c for c, _ in stalls) < stall.CPU_S / 2, stalls  # measured: 0.0006
+    assert max(a for _, a in stalls) < stall.ASLEEP_S / 2, stalls  # measured: 0.000
 
 
 def _reduces_after_backward(rank):

@@ -12,8 +12,10 @@
   rank starts is held back until the rank has sent its next all-reduce or gate. A DDP that
   overlaps never waits for a reply during backward and never notices; one whose hook waits
   for its all-reduce never sends the next, and is failed at once when its ``wait`` says
-  what it waits for (``waiting``), or, when it waits some other way, once every thread of
-  its process has slept with the reply held for ``STUCK_S`` (``tick``).
+  what it waits for (``waiting``), or, however it waits (asleep, spinning, polling with a
+  give-up), once its process has burnt ``stall.CPU_S`` of CPU or slept ``stall.ASLEEP_S``
+  with the reply held and nothing sent (``tick``, measured from /proc by stall.py). While a
+  reply is held the switch ticks every ``TICK_S`` (``timeout``).
 """
 
 from __future__ import annotations
@@ -26,15 +28,17 @@ import torch
 
 from helpers.course.grading.recorder import os_memory
 from helpers.course.grading.recorder.event_server import sample_into
+from helpers.course.grading.relay.stall import Stall
 
-__all__ = ["HELD", "STUCK_S", "Probes"]
+__all__ = ["HELD", "TICK_S", "Probes"]
 
-STUCK_S = 1.0  # a held reply, every thread of its rank asleep this long: the rank waits for it
+TICK_S = 0.01  # how often the switch measures a rank while it holds one of its replies
 GIVE_UP_S = 60.0  # a held reply no rank moved past in this long fails whatever the rank does
 HELD = (
     "rank {rank} waited for its all-reduce of {numel} elements while its backward was still "
-    "running: the grading process answers an all-reduce started during backward only once the "
-    "rank has started its next one (or backward has moved on), as a DDP that overlaps does. "
+    "running ({why}): the grading process answers an all-reduce started during backward only "
+    "once the rank has started its next one (or backward has moved on), as a DDP that overlaps "
+    "does (a hook that waits for it, even with a time limit, never overlaps on a cluster). "
     "Start it with async_op=True from the hook, keep the work, and wait for it in finish()."
 )
 
@@ -44,13 +48,14 @@ class _Held:
     ident: int
     payload: object
     numel: int
+    stall: Stall
     since: float = field(default_factory=time.monotonic)
-    asleep: int = 0  # consecutive ticks the rank's threads were all asleep
 
 
 @dataclass
 class _State:
     in_backward: bool = False
+    spent: tuple[float, float] = (0.0, 0.0)  # CPU s, asleep s with replies held, this backward
     progress: int = 0  # all-reduces and gates arrived
     sent_at: dict[int, tuple[int, bool]] = field(default_factory=dict)  # id -> (progress, hold?)
     held: list[_Held] = field(default_factory=list)
@@ -64,6 +69,7 @@ class Probes:
         self.plan, self.log, self.reply = plan, log, reply
         self.pid_of = pid_of or (lambda rank: None)
         self.states = [_State() for _ in range(world)]
+        self.stalls: list[tuple[float, float]] = []  # (CPU s, asleep s) of each reply released
 
     # -- memory
     def start(self, rank: int) -> None:
@@ -124,7 +130,7 @@ class Probes:
         marks.note({"kind": "gate", "name": name, "index": index})
         state = self.states[rank]
         if name == "begin":
-            state.in_backward = True
+            state.in_backward, state.spent = True, (0.0, 0.0)
         elif name == "end":
             state.in_backward = False
         self._moved(rank)
@@ -146,7 +152,7 @@ class Probes:
         state = self.states[rank]
         at, hold = state.sent_at.pop(ident, (None, False)) if self.plan.gates else (None, False)
         if hold and op == "all_reduce" and at == state.progress:
-            state.held.append(_Held(ident, payload, numel))
+            state.held.append(_Held(ident, payload, numel, Stall(self._pid(rank), state.spent)))
             return
         self.reply(rank, ident, payload)
 
@@ -154,27 +160,34 @@ class Probes:
         state = self.states[rank]
         state.progress += 1
         held, state.held = state.held, []
-        for h in held:
-            self.reply(rank, h.ident, h.payload)
+        for h in held:  # measured once more: a wait the ticks missed (a starved switch) shows
+            if h.stall.tick():
+                self._fail(rank, h, h.stall.why())
+            else:
+                self.stalls.append((h.stall.cpu, h.stall.asleep))
+                state.spent = h.stall.total()
+                self.reply(rank, h.ident, h.payload)
 
     def waiting(self, rank: int, ident) -> None:
         """The rank's ``wait`` blocks on ``ident``: a held reply then fails with why."""
         state = self.states[rank]
         for h in list(state.held):
             if h.ident == ident:
-                self._fail(rank, h)
+                self._fail(rank, h, "it said it waits for it")
 
-    def _fail(self, rank: int, h: _Held) -> None:
-        self.states[rank].held.remove(h)
-        self.reply(rank, h.ident, None, err=HELD.format(rank=rank, numel=h.numel))
+    def _fail(self, rank: int, h: _Held, why: str) -> None:
+        if h in self.states[rank].held:
+            self.states[rank].held.remove(h)
+        self.reply(rank, h.ident, None, err=HELD.format(rank=rank, numel=h.numel, why=why))
+
+    def timeout(self, idle: float) -> float:
+        """How long the switch may wait for a message before it ticks again."""
+        return TICK_S if any(s.held for s in self.states) else idle
 
     def tick(self) -> None:
-        """Fail held replies whose rank sleeps on them (or that waited past GIVE_UP_S)."""
+        """Fail held replies whose rank waits for them (or that waited past GIVE_UP_S)."""
         now = time.monotonic()
         for rank, state in enumerate(self.states):
             for h in list(state.held):
-                pid = self._pid(rank)
-                asleep = pid is not None and os_memory.blocked(pid)
-                h.asleep = h.asleep + 1 if asleep else 0
-                if (h.asleep >= 2 and now - h.since >= STUCK_S) or now - h.since >= GIVE_UP_S:
-                    self._fail(rank, h)
+                if h.stall.tick() or now - h.since >= GIVE_UP_S:
+                    self._fail(rank, h, h.stall.why())

@@ -112,7 +112,7 @@ class RelaySwitch:
     # -- the serving thread
     def _serve(self) -> None:
         while not self._stop.is_set():
-            for key, _ in self._sel.select(0.25):
+            for key, _ in self._sel.select(self.probes.timeout(0.25)):
                 if key.data is None:
                     os.read(self._wake_r, 64)
                     continue
