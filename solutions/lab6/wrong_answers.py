@@ -730,3 +730,192 @@ class BucketedDDP(nn.Module):
         self.pending.clear()
         self.ready = [0] * len(self.buckets)
         ### END SOLUTION
+
+# === wrong: hooks_spin_until_done_with_a_timeout
+# A blocking DDP: each hook waits for its all-reduce to complete before backward goes on,
+# written as a busy poll (never asleep) that gives up after 0.3 s. On a real cluster the
+# all-reduce completes in microseconds and every hook blocks: no overlap at all. Here the
+# reply never comes while the hook polls; the relay sees the CPU it burns with nothing sent.
+# %% cell: overlap_ddp
+%%program lab6_overlap
+import time
+
+import torch
+import torch.distributed as tdist
+from torch import nn
+
+
+class OverlapDDP(nn.Module):
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.module = module
+        self.world_size = tdist.get_world_size()
+        for t in [*module.parameters(), *module.buffers()]:
+            tdist.broadcast(t.data, src=0)
+        self.pending = []
+        for p in module.parameters():
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(self._hook)
+
+    def _hook(self, p: torch.Tensor) -> None:
+        work = tdist.all_reduce(p.grad, async_op=True)
+        end = time.perf_counter() + 0.3
+        while not work.is_completed() and time.perf_counter() < end:
+            pass  # block until the all-reduce is done
+        self.pending.append((work, p))
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def finish(self) -> None:
+        for work, p in self.pending:
+            work.wait()
+            p.grad /= self.world_size
+        self.pending.clear()
+
+# === wrong: hooks_wait_in_a_polling_loop_with_sleep_timeout
+# The same blocking hook, polling with short sleeps and a 0.25 s give-up (under the 1 s
+# of sleep the relay once needed to see a wait): the relay sees it asleep with nothing sent.
+# %% cell: overlap_ddp
+%%program lab6_overlap
+import time
+
+import torch
+import torch.distributed as tdist
+from torch import nn
+
+
+class OverlapDDP(nn.Module):
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.module = module
+        self.world_size = tdist.get_world_size()
+        for t in [*module.parameters(), *module.buffers()]:
+            tdist.broadcast(t.data, src=0)
+        self.pending = []
+        for p in module.parameters():
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(self._hook)
+
+    def _hook(self, p: torch.Tensor) -> None:
+        work = tdist.all_reduce(p.grad, async_op=True)
+        for _ in range(25):
+            if work.is_completed():
+                break
+            time.sleep(0.01)
+        self.pending.append((work, p))
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def finish(self) -> None:
+        for work, p in self.pending:
+            work.wait()
+            p.grad /= self.world_size
+        self.pending.clear()
+
+# === wrong: both_ddps_spin_in_their_hooks
+# Both DDPs poll each all-reduce (busy, with a 0.3 s give-up) before their hook returns:
+# both hook tests fail; the bucket assignment and the values still earn their marks.
+# %% cell: bucketed_ddp
+%%program lab6_buckets
+import time
+
+import torch
+import torch.distributed as tdist
+from torch import nn
+
+
+def assign_buckets(params: list, cap_bytes: int) -> list:
+    """Indices of params per bucket: reverse order, each bucket at most cap_bytes (or one param)."""
+    buckets, size = [], 0
+    for i in reversed(range(len(params))):
+        nbytes = params[i].numel() * params[i].element_size()
+        if buckets and size + nbytes <= cap_bytes:
+            buckets[-1].append(i)
+            size += nbytes
+        else:
+            buckets.append([i])
+            size = nbytes
+    return buckets
+
+
+class BucketedDDP(nn.Module):
+    """Data parallelism with buckets: one asynchronous all-reduce per bucket, when it is complete."""
+
+    def __init__(self, module: nn.Module, bucket_cap_bytes: int):
+        super().__init__()
+        self.module = module
+        self.world_size = tdist.get_world_size()
+        for t in [*module.parameters(), *module.buffers()]:
+            tdist.broadcast(t.data, src=0)
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self.buckets = assign_buckets(self.params, bucket_cap_bytes)
+        self.bucket_of = {id(self.params[i]): b for b, members in enumerate(self.buckets) for i in members}
+        self.ready = [0] * len(self.buckets)  # gradients ready per bucket in this backward
+        self.pending = []  # (work, bucket, flat tensor) in flight
+        for p in self.params:
+            p.register_post_accumulate_grad_hook(self._hook)
+
+    def _hook(self, p: torch.Tensor) -> None:
+        """Registered on each trainable p; autograd calls it once p.grad is complete."""
+        b = self.bucket_of[id(p)]
+        self.ready[b] += 1
+        if self.ready[b] == len(self.buckets[b]):  # the bucket's last gradient: send it now
+            flat = torch.cat([self.params[i].grad.flatten() for i in self.buckets[b]])
+            work = tdist.all_reduce(flat, async_op=True)
+            end = time.perf_counter() + 0.3
+            while not work.is_completed() and time.perf_counter() < end:
+                pass  # block until this bucket's all-reduce is done
+            self.pending.append((work, b, flat))
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def finish(self) -> None:
+        """Wait for every bucket; copy the averages back into each .grad."""
+        for work, b, flat in self.pending:
+            work.wait()
+            flat /= self.world_size
+            members = [self.params[i] for i in self.buckets[b]]
+            for p, piece in zip(members, flat.split([m.numel() for m in members])):
+                p.grad.copy_(piece.view_as(p))
+        self.pending.clear()
+        self.ready = [0] * len(self.buckets)
+
+# %% cell: overlap_ddp
+%%program lab6_overlap
+import time
+
+import torch
+import torch.distributed as tdist
+from torch import nn
+
+
+class OverlapDDP(nn.Module):
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.module = module
+        self.world_size = tdist.get_world_size()
+        for t in [*module.parameters(), *module.buffers()]:
+            tdist.broadcast(t.data, src=0)
+        self.pending = []
+        for p in module.parameters():
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(self._hook)
+
+    def _hook(self, p: torch.Tensor) -> None:
+        work = tdist.all_reduce(p.grad, async_op=True)
+        end = time.perf_counter() + 0.3
+        while not work.is_completed() and time.perf_counter() < end:
+            pass  # block until the all-reduce is done
+        self.pending.append((work, p))
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def finish(self) -> None:
+        for work, p in self.pending:
+            work.wait()
+            p.grad /= self.world_size
+        self.pending.clear()
