@@ -731,50 +731,8 @@ class BucketedDDP(nn.Module):
         self.ready = [0] * len(self.buckets)
         ### END SOLUTION
 
-# === wrong: hooks_spin_until_done_with_a_timeout
-# A blocking DDP: each hook waits for its all-reduce to complete before backward goes on,
-# written as a busy poll (never asleep) that gives up after 0.3 s. On a real cluster the
-# all-reduce completes in microseconds and every hook blocks: no overlap at all. Here the
-# reply never comes while the hook polls; the relay sees the CPU it burns with nothing sent.
-# %% cell: overlap_ddp
-%%program lab6_overlap
-import time
-
-import torch
-import torch.distributed as tdist
-from torch import nn
-
-
-class OverlapDDP(nn.Module):
-    def __init__(self, module: nn.Module):
-        super().__init__()
-        self.module = module
-        self.world_size = tdist.get_world_size()
-        for t in [*module.parameters(), *module.buffers()]:
-            tdist.broadcast(t.data, src=0)
-        self.pending = []
-        for p in module.parameters():
-            if p.requires_grad:
-                p.register_post_accumulate_grad_hook(self._hook)
-
-    def _hook(self, p: torch.Tensor) -> None:
-        work = tdist.all_reduce(p.grad, async_op=True)
-        end = time.perf_counter() + 0.3
-        while not work.is_completed() and time.perf_counter() < end:
-            pass  # block until the all-reduce is done
-        self.pending.append((work, p))
-
-    def forward(self, *args, **kwargs):
-        return self.module(*args, **kwargs)
-
-    def finish(self) -> None:
-        for work, p in self.pending:
-            work.wait()
-            p.grad /= self.world_size
-        self.pending.clear()
-
 # === wrong: hooks_wait_in_a_polling_loop_with_sleep_timeout
-# The same blocking hook, polling with short sleeps and a 0.25 s give-up (under the 1 s
+# A blocking hook polling with short sleeps and a 0.25 s give-up (under the 1 s
 # of sleep the relay once needed to see a wait): the relay sees it asleep with nothing sent.
 # %% cell: overlap_ddp
 %%program lab6_overlap
@@ -815,8 +773,13 @@ class OverlapDDP(nn.Module):
         self.pending.clear()
 
 # === wrong: both_ddps_spin_in_their_hooks
-# Both DDPs poll each all-reduce (busy, with a 0.3 s give-up) before their hook returns:
-# both hook tests fail; the bucket assignment and the values still earn their marks.
+# A blocking DDP written as a busy poll (never asleep) that gives up after 0.3 s, in both
+# DDPs: each hook waits for its all-reduce before backward goes on. On a real cluster the
+# all-reduce completes in microseconds and every hook blocks: no overlap at all. Here the
+# reply never comes while the hook polls; the relay sees the CPU it burns with nothing sent.
+# Both hook tests fail; the bucket assignment and the values still earn their marks. (The
+# same spin in OverlapDDP alone scored 15/18; its relay-level case is test_relay.py's
+# test_a_hook_that_waits_with_a_time_limit_fails.)
 # %% cell: bucketed_ddp
 %%program lab6_buckets
 import time
