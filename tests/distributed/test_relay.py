@@ -58,7 +58,7 @@ def _rank_main(fn, rank, world, fd, others, conn, args, gloo):
     os._exit(0)
 
 
-def run(fn, world, *args, gloo=False, timeout=30):
+def run(fn, world, *args, gloo=False, timeout=30, **switch_options):
     """fn(rank, *args) on ``world`` forked ranks over the relay (or gloo): (values, switch).
     The switch knows each rank's pid (the sandbox pool's part): it can measure memory."""
     ctx = mp.get_context("fork")
@@ -77,7 +77,9 @@ def run(fn, world, *args, gloo=False, timeout=30):
         send_end.close()
     for _, child in pairs:
         child.close()
-    switch = RelaySwitch([mine for mine, _ in pairs], pid_of=lambda r: procs[r].pid)
+    switch = RelaySwitch(
+        [mine for mine, _ in pairs], pid_of=lambda r: procs[r].pid, **switch_options
+    )
     values = []
     try:
         for r, conn in enumerate(conns):
@@ -600,6 +602,36 @@ def test_the_switch_drops_a_rank_that_sends_what_is_not_a_frame():
     out, switch = run(_not_a_frame, 1)
     assert out == ["the grading process closed the relay"]
     assert not switch.ranks[0].alive
+
+
+def _sends_nobody_receives(rank, sends, received):
+    """Rank 0 isends ``sends`` blocks of 256 KiB to rank 1, which receives ``received``."""
+    block = 1 << 16  # float32 elements: 256 KiB
+    try:
+        if rank == 0:
+            works = [tdist.isend(torch.full((block,), float(i)), 1) for i in range(sends)]
+        else:
+            got = [torch.empty(block) for _ in range(received)]
+            works = [tdist.irecv(t, 0) for t in got]
+        for w in works:
+            w.wait()
+        tdist.barrier()
+        return "ok" if rank == 0 else [t[0].item() for t in got]
+    except Exception as e:  # noqa: BLE001 - the message is what the test reads
+        return f"{type(e).__name__}: {e}"
+
+
+def test_a_job_that_leaves_too_much_in_the_relay_fails_with_why():
+    """A send nobody receives stays in the grading process: six 200 MiB isends took it to
+    8.16 GB before the switch capped what a job holds (here 1 MiB: four blocks)."""
+    out, switch = run(_sends_nobody_receives, 2, 4, 4, max_held=1 << 20)
+    assert out == ["ok", [0.0, 1.0, 2.0, 3.0]] and switch.held == 0, out  # at the cap: fine
+    out, switch = run(_sends_nobody_receives, 2, 5, 0, max_held=1 << 20)
+    assert out[0].startswith("RelayError: relay: rank 0 left 1,310,720 bytes waiting in the "
+                             "grader"), out[0]  # fmt: skip
+    assert "more than the 1,048,576 bytes the relay holds for a job" in out[0], out[0]
+    assert "rank 0" in out[1], out[1]  # its peer is told the rank is gone
+    assert switch.held <= 1 << 20 and not switch.ranks[0].alive
 
 
 def _timed(rank, world):

@@ -70,6 +70,7 @@ class Channel:
         self._waiting: dict[int, tuple[Reply, list | None]] = {}
         self._groups: dict[tuple[str, tuple[int, ...]], int] = {}
         self.closed: str | None = None  # why the relay ended, once it has
+        self._ended: str | None = None  # the switch's reason, when it ends the relay itself
         self.api = threading.local()  # record_traffic's named_p2p: isend or send
         self._reader = threading.Thread(target=self._read, name="relay-reader", daemon=True)
         self._reader.start()
@@ -131,6 +132,9 @@ class Channel:
         if text is None:
             return False
         head = json.loads(text)
+        if "end" in head and "id" not in head:  # the switch ends this rank's relay: why
+            self._ended = str(head["end"])
+            return _exactly(self.sock, plen) is not None if plen else True
         with self._lock:
             on_reply, sink = self._waiting.pop(head.get("id"), (None, None))
         views = None if "err" in head else _sink_views(sink)
@@ -153,6 +157,7 @@ class Channel:
                 pass
         except OSError as e:
             reason = f"the relay to the grading process failed: {e}"
+        reason = self._ended or reason
         with self._lock:
             self.closed = reason
             waiting, self._waiting = self._waiting, {}

@@ -48,6 +48,7 @@ class Part:
     root: int | None = None  # group rank
     si: list[int] | None = None  # all-to-all: elements sent to each group rank
     so: list[int] | None = None  # all-to-all: elements expected from each group rank
+    held: int = 0  # bytes the switch counts as held for it while the group gathers
 
     def describe(self) -> str:
         sizes = " + ".join(str(math.prod(s)) for s in self.shapes) or "no"

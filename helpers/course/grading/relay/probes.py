@@ -146,6 +146,16 @@ class Probes:
         if isinstance(ident, int):
             state.sent_at[ident] = (state.progress, state.in_backward)
 
+    def held_bytes(self) -> int:
+        """Bytes of the replies held back now (the switch's cap on a job counts them)."""
+        return sum(
+            h.payload.numel() * h.payload.element_size()
+            if isinstance(h.payload, torch.Tensor)
+            else len(h.payload)
+            for state in self.states
+            for h in state.held
+        )
+
     def answer(self, rank: int, op: str, ident, payload, numel: int) -> None:
         """Reply now, or hold the reply (an all-reduce started during backward, before the
         rank moved on)."""

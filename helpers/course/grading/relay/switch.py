@@ -45,7 +45,12 @@ from helpers.course.grading.relay.marks import Marks
 from helpers.course.grading.relay.ops import Mismatch, Part, answer, parse_part
 from helpers.course.grading.relay.probes import Probes
 
-__all__ = ["RelaySwitch"]
+__all__ = ["HELD_MESSAGES", "RelaySwitch"]
+
+# What one job may leave in the grading process at once, in messages of the largest size: a
+# ring's or a batch's sends posted before their receives fit; six 200 MiB isends nobody
+# received took the grading process to 8.16 GB before this cap (docs/instructors.md).
+HELD_MESSAGES = 4
 
 
 @dataclass
@@ -82,10 +87,15 @@ class RelaySwitch:
         reply_timeout: float = 60.0,
         max_message: int = MAX_MESSAGE,
         pid_of=None,
+        max_held: int | None = None,
     ):
         """``pid_of(rank)``: the rank's process id as this process sees it (the sandbox pool
-        knows it), for the memory samples of a plan that asks for them."""
+        knows it), for the memory samples of a plan that asks for them. ``max_held``: the
+        most bytes the switch holds for the job at once (sends not yet received, collectives
+        waiting for their group, replies held back), ``HELD_MESSAGES`` messages by default."""
         self.world = len(socks)
+        self.max_held = HELD_MESSAGES * max_message if max_held is None else max_held
+        self.held = 0  # bytes of unreceived sends and of collectives waiting for their group
         self.log = events.active_log()
         plan = self.log.plan if self.log is not None else Marks(0).plan
         self.ranks = []
@@ -230,11 +240,14 @@ class RelaySwitch:
             self._fail(group, n, slot, f"rank {rank}'s {part.op} was refused: {message}")
         elif slot.failed is not None:
             self._reply(rank, slot.ids[g], err=slot.failed)
-        elif dead := self._gone(group, slot):
+        elif (dead := self._gone(group, slot)) is not None:  # rank 0 too
             self._fail(group, n, slot, f"rank {dead} ended before it called {part.op}")
             self._reply(rank, slot.ids[g], err=slot.failed)
+        elif not self._hold(rank, nbytes):
+            self._fail(group, n, slot, self.errors[-1])
         else:
             slot.parts[g] = part
+            part.held = nbytes
         if len(slot.arrived) == len(group.ranks):
             del group.slots[n]
             if slot.failed is None:
@@ -250,12 +263,14 @@ class RelaySwitch:
     def _fail(self, group: _Group, n: int, slot: _Slot, why: str) -> None:
         if slot.failed is None:
             slot.failed = why
+        self._release(slot.parts.values())
         for g in list(slot.parts):
             self._reply(group.ranks[g], slot.ids[g], err=f"relay: {slot.failed}")
         slot.parts.clear()
 
     def _complete(self, group: _Group, slot: _Slot) -> None:
         parts = [slot.parts[g] for g in range(len(group.ranks))]
+        self._release(parts)
         try:
             outs = answer(parts[0].op, parts)
         except (Mismatch, RuntimeError) as e:
@@ -295,7 +310,10 @@ class RelaySwitch:
         if flat.numel() != sum(numels):
             raise ValueError(f"send: {len(payload)} bytes do not hold tensors of shapes {shapes}")
         pieces = marks.tamper(op, list(flat.split(numels)), shapes)
-        flat = torch.cat(pieces) if pieces else flat
+        if len(pieces) == 1:  # no copy of a lone tensor
+            flat = pieces[0].reshape(-1)
+        elif pieces:
+            flat = torch.cat(pieces)
         event = {"kind": "p2p", "op": op, "peer": dst, "numel": flat.numel(),
                  "bytes": flat.numel() * flat.element_size()}  # fmt: skip
         marks.log_op(event, pieces[0].view(shapes[0]) if len(pieces) == 1 else None)
@@ -306,7 +324,8 @@ class RelaySwitch:
                 del posted[i]
                 self._deliver(dst, ident, rank, flat, nbytes)
                 return
-        self._mail[key].append((rank, flat))
+        if self._hold(rank, flat.numel() * flat.element_size()):
+            self._mail[key].append((rank, flat))
 
     def _recv(self, rank: int, head: dict) -> None:
         group, src, tag, dtype, shapes, op = self._p2p(rank, head, "recv")
@@ -319,6 +338,7 @@ class RelaySwitch:
         for i, (sender, flat) in enumerate(mail):
             if src in (-1, sender):
                 del mail[i]
+                self.held -= flat.numel() * flat.element_size()
                 self._deliver(rank, ident, sender, flat, nbytes)
                 return
         if src != -1 and not self.ranks[src].alive:
@@ -334,6 +354,35 @@ class RelaySwitch:
             self._reply(dst, ident, err=why)
             return
         self._reply(dst, ident, flat, src=src)
+
+    # -- what the job leaves in this process
+    def _hold(self, rank: int, nbytes: int) -> bool:
+        """Count ``nbytes`` more held for the job; past ``max_held``, end ``rank``'s relay
+        with why (False: the caller keeps nothing)."""
+        held = self.held + self.probes.held_bytes() + nbytes
+        if held <= self.max_held:
+            self.held += nbytes
+            return True
+        why = (
+            f"relay: rank {rank} left {held:,} bytes waiting in the grader (messages sent and "
+            f"not yet received, collectives the other ranks have not joined), more than the "
+            f"{self.max_held:,} bytes the relay holds for a job: receive each message you send "
+            "(and wait for your sends) before sending many more"
+        )
+        self.errors.append(why)
+        state = self.ranks[rank]
+        if state.alive:
+            try:
+                send_frame(state.sock, {"end": why})
+            except OSError:
+                pass
+        self._hang_up(rank, why)
+        return False
+
+    def _release(self, parts) -> None:
+        for part in parts:
+            self.held -= getattr(part, "held", 0)
+            part.held = 0
 
     # -- ranks that end
     def _hang_up(self, rank: int, why: str) -> None:
