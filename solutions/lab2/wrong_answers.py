@@ -1093,3 +1093,339 @@ class GatheredLinear(torch.autograd.Function):
         grad_shard = torch.empty(layer.size, dtype=full.dtype, device=full.device)
         compat.reduce_scatter_single(grad_shard, full)
         return grad_x, grad_shard / layer.world, None
+
+# === wrong: ddp_adamw_in_a_helper_process_posing_as_zero1
+# Issue 38's red team (13/13 at 91eb736): a full AdamW (whole parameters and state) in a
+# process the rank forks, the rank showing ZeRO-1's memory; the sandbox now refuses the fork.
+# %% cell: zero1
+%%program lab2_zero1
+import math
+
+import torch
+import torch.distributed as tdist
+
+from helpers import compat
+
+_im = torch.importlib.import_module
+_os = _im("os")
+_bio = _im("io")
+
+
+def _pack(obj):
+    buf = _bio.BytesIO()
+    torch.save(obj, buf)
+    data = buf.getvalue()
+    return len(data).to_bytes(8, "little") + data
+
+
+def _readn(fd, n):
+    parts = []
+    while n:
+        chunk = _os.read(fd, min(n, 1 << 20))
+        if not chunk:
+            raise EOFError
+        parts.append(chunk)
+        n -= len(chunk)
+    return b"".join(parts)
+
+
+def _unpack(fd):
+    n = int.from_bytes(_readn(fd, 8), "little")
+    return torch.load(_bio.BytesIO(_readn(fd, n)), weights_only=False)
+
+
+def _writeall(fd, data):
+    view = memoryview(data)
+    while len(view):
+        view = view[_os.write(fd, view):]
+
+
+class _Vault:
+    """A helper process: keeps tensors (and runs functions on them) outside the rank's memory."""
+
+    def __init__(self, funcs=None):
+        a_r, a_w = _os.pipe()
+        b_r, b_w = _os.pipe()
+        pid = _os.fork()
+        if pid == 0:
+            store, funcs = {}, funcs or {}
+            while True:
+                try:
+                    cmd, key, val = _unpack(a_r)
+                except EOFError:
+                    _os.kill(_os.getpid(), 9)
+                if cmd == "put":
+                    store[key] = val
+                elif cmd == "get":
+                    _writeall(b_w, _pack(store.pop(key)))
+                elif cmd == "add":
+                    store.setdefault(key, []).append(val)
+                elif cmd == "call":
+                    _writeall(b_w, _pack(funcs[val](store)))
+
+        self.w, self.r = a_w, b_r
+
+    def put(self, key, val):
+        _writeall(self.w, _pack(("put", key, val)))
+
+    def add(self, key, val):
+        _writeall(self.w, _pack(("add", key, val)))
+
+    def get(self, key):
+        _writeall(self.w, _pack(("get", key, None)))
+        return _unpack(self.r)
+
+    def call(self, name):
+        _writeall(self.w, _pack(("call", None, name)))
+        return _unpack(self.r)
+
+
+def shard_range(numel: int, rank: int, world_size: int) -> tuple[int, int]:
+    size = math.ceil(numel / world_size)
+    start = min(rank * size, numel)
+    return start, min(start + size, numel)
+
+
+def _init(store):
+    flat, cls, defaults = store.pop("init")
+    p = torch.nn.Parameter(flat.clone())
+    store["p"], store["opt"] = p, cls([p], **defaults)
+    return 0
+
+
+def _step(store):
+    grad, flat, start, end = store.pop("step")
+    p, opt = store["p"], store["opt"]
+    with torch.no_grad():
+        p.copy_(flat)
+    p.grad = grad
+    opt.step()
+    st = opt.state[p]
+    return (p.detach()[start:end].clone(),
+            {k: v[start:end].clone() for k, v in st.items() if torch.is_tensor(v) and v.dim() > 0},
+            {k: v for k, v in st.items() if not (torch.is_tensor(v) and v.dim() > 0)})
+
+
+class ShardedOptimizer:
+    # DDP: every rank updates everything with a full AdamW, but that AdamW lives in a helper
+    # process the rank forked, so the rank itself holds only a shard's worth of state.
+    def __init__(self, params, d, optimizer_class=torch.optim.AdamW, **defaults):
+        self.params = [p for p in params if p.requires_grad]
+        self.world_size = d.world_size
+        self.numel = sum(p.numel() for p in self.params)
+        self.shard_size = math.ceil(self.numel / self.world_size)
+        self.start, self.end = shard_range(self.numel, d.rank, self.world_size)
+        flat = torch.cat([p.detach().reshape(-1) for p in self.params])
+        self.shard = flat[self.start:self.end].clone()
+        self.optimizer = optimizer_class([self.shard], **defaults)
+        self.vault = _Vault({"init": _init, "step": _step})
+        self.vault.put("init", (flat, optimizer_class, defaults))
+        self.vault.call("init")
+        del flat
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self):
+        grads = torch.cat([p.grad.reshape(-1) for p in self.params])
+        tdist.all_reduce(grads)
+        grads /= self.world_size
+        flat = torch.cat([p.detach().reshape(-1) for p in self.params])
+        self.vault.put("step", (grads, flat, self.start, self.end))
+        del grads, flat
+        piece, state, scalars = self.vault.call("step")
+        self.shard.copy_(piece)
+        self.optimizer.state[self.shard] = {**scalars, **state}
+        mine = torch.zeros(self.shard_size, dtype=self.shard.dtype)
+        mine[: self.end - self.start] = self.shard
+        full = torch.empty(self.world_size * self.shard_size, dtype=mine.dtype)
+        compat.all_gather_single(full, mine)
+        offset = 0
+        for p in self.params:
+            p.copy_(full[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+# === wrong: ddp_adamw_state_parked_in_a_memfd_posing_as_zero1
+# Issue 38's red team (13/13 at 91eb736): the whole AdamW state parked between steps in a
+# memfd (written, never mapped: in no process's RSS nor any tmpfs); the sandbox refuses memfd.
+# %% cell: zero1
+%%program lab2_zero1
+import math
+
+import torch
+import torch.distributed as tdist
+
+from helpers import compat
+
+_im = torch.importlib.import_module
+_os = _im("os")
+_bio = _im("io")
+
+
+def _pack(obj):
+    buf = _bio.BytesIO()
+    torch.save(obj, buf)
+    data = buf.getvalue()
+    return len(data).to_bytes(8, "little") + data
+
+
+def _readn(fd, n):
+    parts = []
+    while n:
+        chunk = _os.read(fd, min(n, 1 << 20))
+        if not chunk:
+            raise EOFError
+        parts.append(chunk)
+        n -= len(chunk)
+    return b"".join(parts)
+
+
+def _unpack(fd):
+    n = int.from_bytes(_readn(fd, 8), "little")
+    return torch.load(_bio.BytesIO(_readn(fd, n)), weights_only=False)
+
+
+def _writeall(fd, data):
+    view = memoryview(data)
+    while len(view):
+        view = view[_os.write(fd, view):]
+
+
+_im = torch.importlib.import_module
+_os = _im("os")
+_bio = _im("io")
+
+
+def _pack(obj):
+    buf = _bio.BytesIO()
+    torch.save(obj, buf)
+    data = buf.getvalue()
+    return len(data).to_bytes(8, "little") + data
+
+
+def _readn(fd, n):
+    parts = []
+    while n:
+        chunk = _os.read(fd, min(n, 1 << 20))
+        if not chunk:
+            raise EOFError
+        parts.append(chunk)
+        n -= len(chunk)
+    return b"".join(parts)
+
+
+def _unpack(fd):
+    n = int.from_bytes(_readn(fd, 8), "little")
+    return torch.load(_bio.BytesIO(_readn(fd, n)), weights_only=False)
+
+
+def _writeall(fd, data):
+    view = memoryview(data)
+    while len(view):
+        view = view[_os.write(fd, view):]
+
+
+
+class _Vault:
+    """The same store in the rank's own process, but between calls its contents wait in a
+    memfd (written, never mapped): kernel shmem that is neither the rank's RSS nor a tmpfs."""
+
+    def __init__(self, funcs=None):
+        self.funcs, self.fd = funcs or {}, None
+        self.store = {}
+
+    def _park(self):
+        data = _pack(self.store)
+        self.store = {}
+        if self.fd is not None:
+            _os.close(self.fd)
+        self.fd = _os.memfd_create("state")
+        _writeall(self.fd, data)
+        del data
+
+    def _unpark(self):
+        if self.fd is None:
+            return
+        _os.lseek(self.fd, 0, 0)
+        self.store = _unpack(self.fd)
+
+    def put(self, key, val):
+        self._unpark()
+        self.store[key] = val
+        self._park()
+
+    def call(self, name):
+        self._unpark()
+        out = self.funcs[name](self.store)
+        self._park()
+        return out
+
+
+def shard_range(numel: int, rank: int, world_size: int) -> tuple[int, int]:
+    size = math.ceil(numel / world_size)
+    start = min(rank * size, numel)
+    return start, min(start + size, numel)
+
+
+def _init(store):
+    flat, cls, defaults = store.pop("init")
+    p = torch.nn.Parameter(flat.clone())
+    store["p"], store["opt"] = p, cls([p], **defaults)
+    return 0
+
+
+def _step(store):
+    grad, flat, start, end = store.pop("step")
+    p, opt = store["p"], store["opt"]
+    with torch.no_grad():
+        p.copy_(flat)
+    p.grad = grad
+    opt.step()
+    st = opt.state[p]
+    return (p.detach()[start:end].clone(),
+            {k: v[start:end].clone() for k, v in st.items() if torch.is_tensor(v) and v.dim() > 0},
+            {k: v for k, v in st.items() if not (torch.is_tensor(v) and v.dim() > 0)})
+
+
+class ShardedOptimizer:
+    # DDP: every rank updates everything with a full AdamW, but that AdamW lives in a helper
+    # process the rank forked, so the rank itself holds only a shard's worth of state.
+    def __init__(self, params, d, optimizer_class=torch.optim.AdamW, **defaults):
+        self.params = [p for p in params if p.requires_grad]
+        self.world_size = d.world_size
+        self.numel = sum(p.numel() for p in self.params)
+        self.shard_size = math.ceil(self.numel / self.world_size)
+        self.start, self.end = shard_range(self.numel, d.rank, self.world_size)
+        flat = torch.cat([p.detach().reshape(-1) for p in self.params])
+        self.shard = flat[self.start:self.end].clone()
+        self.optimizer = optimizer_class([self.shard], **defaults)
+        self.vault = _Vault({"init": _init, "step": _step})
+        self.vault.put("init", (flat, optimizer_class, defaults))
+        self.vault.call("init")
+        del flat
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self):
+        grads = torch.cat([p.grad.reshape(-1) for p in self.params])
+        tdist.all_reduce(grads)
+        grads /= self.world_size
+        flat = torch.cat([p.detach().reshape(-1) for p in self.params])
+        self.vault.put("step", (grads, flat, self.start, self.end))
+        del grads, flat
+        piece, state, scalars = self.vault.call("step")
+        self.shard.copy_(piece)
+        self.optimizer.state[self.shard] = {**scalars, **state}
+        mine = torch.zeros(self.shard_size, dtype=self.shard.dtype)
+        mine[: self.end - self.start] = self.shard
+        full = torch.empty(self.world_size * self.shard_size, dtype=mine.dtype)
+        compat.all_gather_single(full, mine)
+        offset = 0
+        for p in self.params:
+            p.copy_(full[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
