@@ -88,6 +88,7 @@ class EventSender:
         if event.get("kind") != "gate":
             from helpers.course.grading.recorder import os_memory
 
+            os_memory.let_threads_settle()  # gloo's thread lets go of a collective's buffers
             os_memory.trim()  # the log may sample this rank's memory now
         self.send({**event, "reply": True})
         hlen, plen = _HEAD.unpack(_recv_exactly(self.sock, _HEAD.size))

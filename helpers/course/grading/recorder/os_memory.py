@@ -30,10 +30,13 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
+import time
 
 __all__ = [
     "MeterError",
     "blocked",
+    "let_threads_settle",
     "measurable",
     "prepare_allocator",
     "sample",
@@ -114,6 +117,31 @@ def sample(pid: int, reset: bool = True, files: bool = True) -> dict[str, int]:
                 "cannot be measured)"
             ) from None
     return out
+
+
+def let_threads_settle(timeout: float = 0.5) -> None:
+    """In a rank, before a sample: wait (at most ``timeout`` s) until no other thread of this
+    process is running or runnable. gloo's worker thread lets go of a collective's tensors a
+    moment after the collective returned, and on a busy machine it may wait for a core to do
+    so: sampled then, the rank looks as if it kept the buffer (a learner's kernel, where the
+    ranks talk gloo; under the relay there is no such thread)."""
+    me, deadline = str(threading.get_native_id()), time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            others = [t for t in os.listdir("/proc/self/task") if t != me]
+        except OSError:
+            return
+        if not any(_state(f"/proc/self/task/{t}/stat") in ("R", "D") for t in others):
+            return
+        time.sleep(0.002)
+
+
+def _state(stat_path: str) -> str:
+    try:
+        with open(stat_path) as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
 
 
 def blocked(pid: int) -> bool:
