@@ -126,40 +126,31 @@ def let_threads_settle(timeout: float = 0.5) -> None:
     so: sampled then, the rank looks as if it kept the buffer (a learner's kernel, where the
     ranks talk gloo; under the relay there is no such thread)."""
     me, deadline = str(threading.get_native_id()), time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            others = [t for t in os.listdir("/proc/self/task") if t != me]
-        except OSError:
-            return
-        if not any(_state(f"/proc/self/task/{t}/stat") in ("R", "D") for t in others):
-            return
+    while time.monotonic() < deadline and _busy("self", skip=me):
         time.sleep(0.002)
-
-
-def _state(stat_path: str) -> str:
-    try:
-        with open(stat_path) as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return ""
 
 
 def blocked(pid: int) -> bool:
     """Is every thread of ``pid`` asleep (none running or runnable)? A rank that waits for a
     reply the relay holds back looks like this; a rank that computes does not."""
+    return _busy(pid) is False
+
+
+def _busy(pid: int | str, skip: str = "") -> bool | None:
+    """Whether a thread of ``pid`` (but ``skip``) is running or runnable; None if unreadable."""
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return False
+        return None
     for tid in tasks:
         try:
             with open(f"/proc/{pid}/task/{tid}/stat") as f:
                 state = f.read().rsplit(")", 1)[1].split()[0]
         except (OSError, IndexError):
             continue
-        if state in ("R", "D"):
-            return False
-    return True
+        if tid != skip and state in ("R", "D"):
+            return True
+    return False
 
 
 def trim() -> None:

@@ -16,6 +16,7 @@ import itertools
 import json
 import socket
 import threading
+import time
 from collections.abc import Callable
 
 import torch
@@ -81,7 +82,7 @@ class Channel:
         with self._lock:
             if self.closed:
                 raise RelayError(self.closed)
-            send_frame(self.sock, header, buffers)
+            self._send(header, buffers)
 
     def request(self, header: dict, buffers, on_reply: Reply, sink=None) -> int:
         """Send a frame; ``on_reply(header, payload)`` runs on the reader thread when the
@@ -92,7 +93,7 @@ class Channel:
                 raise RelayError(self.closed)
             ident = next(self._ids)
             self._waiting[ident] = (on_reply, sink)
-            send_frame(self.sock, {**header, "id": ident}, buffers)
+            self._send({**header, "id": ident}, buffers)
             return ident
 
     def call(self, header: dict, buffers=()) -> tuple[dict, bytearray]:
@@ -117,9 +118,22 @@ class Channel:
         with self._lock:
             if key not in self._groups:
                 self._groups[key] = len(self._groups)
-                send_frame(self.sock, {"t": "group", "g": self._groups[key], "name": name,
-                                       "ranks": list(ranks)})  # fmt: skip
+                self._send(
+                    {"t": "group", "g": self._groups[key], "name": name, "ranks": list(ranks)}
+                )
             return self._groups[key]
+
+    def _send(self, header: dict, buffers=()) -> None:
+        """send_frame; if the switch hung up on this rank, raise with the reason it sent."""
+        try:
+            send_frame(self.sock, header, buffers)
+        except (BrokenPipeError, ConnectionResetError) as e:
+            deadline = time.monotonic() + 2.0  # its end frame may still be on its way to the reader
+            while self._ended is None and self._reader.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            raise RelayError(
+                self._ended or f"the relay to the grading process failed: {e}"
+            ) from None
 
     # -- in
     def _frame(self) -> bool:
