@@ -1,8 +1,9 @@
 """What a checked program may not ask itself: whether its device is CUDA.
 
 On a GPU node ``d.device.type`` is ``"cuda"``; on the dry run's stand-in GPU it is ``"gpu"``
-(``helpers.standin``). A program that compares its device with ``"cuda"`` itself (``if
-d.device.type == "cuda":``, ``str(device).startswith("cuda")``, ``"cuda" in str(device)``)
+(``helpers.standin``). A program that compares its device with ``"cuda"`` itself (an
+``if`` on the device's ``.type`` against that string, ``str(device).startswith("cuda")``,
+``"cuda" in str(device)``)
 takes the CPU's branch in the dry run, so what it does on a GPU is never run here, and the
 check would pass a program it has not seen. ``cuda_comparisons`` finds such comparisons in a
 program and in the modules beside it that it imports, so the check can refuse them, naming
@@ -75,8 +76,8 @@ def _local_imports(tree: ast.AST, folder: Path) -> list[Path]:
 
 
 def cuda_comparisons(program: Path) -> list[str]:
-    """'program.py:12: if d.device.type == "cuda":' for each comparison of a device with
-    "cuda" in the program and the modules beside it that it imports."""
+    """'program.py:12: <the line>' for each comparison of a device with "cuda" in the
+    program and the modules beside it that it imports."""
     program = Path(program)
     try:
         tree = ast.parse(program.read_text(), str(program))
